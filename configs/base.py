@@ -1,0 +1,177 @@
+"""Base config: the Pre-LN decoder at the paper's shape, with every knob of SPEC.md.
+
+Variant files (`configs/<variant>.py`) start from `get_config` here and change only what
+their block changes; they never copy numbers that are linked (see `get_ref` below).
+
+Run (Pre-LN, CPU-sized, about 10 minutes on 2 cores):
+    python -m simplified_flax.train --config=configs/preln.py:cpu --workdir=/tmp/preln
+
+The optional argument after the file name is a comma-separated list of switches:
+    cpu      shrink model, batch and steps so a laptop CPU trains it in ~10 minutes;
+    encoder  switch to the bidirectional MLM encoder (used by the bert_* configs).
+"""
+import ml_collections
+from ml_collections import config_dict
+
+
+def _placeholder(kind):
+  return config_dict.placeholder(kind)
+
+
+def _follow(parent: ml_collections.ConfigDict, name: str, kind):
+  """A field that tracks `parent[name]` until it is set itself.
+
+  Unlike `get_ref`, setting the follower leaves the followed field alone.
+  """
+  return config_dict.FieldReference(parent.get_ref(name), field_type=kind)
+
+
+def model_config() -> ml_collections.ConfigDict:
+  """Every block/model knob of SPEC.md with the Pre-LN defaults."""
+  m = ml_collections.ConfigDict()
+  m.kind = "decoder"                 # "decoder" (causal LM) or "encoder" (bidirectional MLM)
+  m.vocab_size = _placeholder(int)   # None: taken from the tokenizer of config.data
+  m.n_layer = 18
+  m.n_embd = 768
+  m.n_head = 12
+  m.context_length = 128             # T of the training windows
+  m.max_position_embeddings = 1024   # size of the learned position table (GPT-2)
+  m.mlp_width_mult = 4
+  m.activation = "leaky_relu"        # "leaky_relu" or "gelu"
+  m.lrelu_neg_slope = 0.0            # 0 makes leaky ReLU a ReLU (the paper's default)
+  m.attention_impl = "explicit"      # "explicit" (T x T centering matrix) or "fused"
+
+  # Norms (SPEC §1).
+  m.norm_type = "rmsnorm"            # "ln", "rmsnorm" or "none"
+  m.norm_position = "pre"            # "pre" or "post"
+  m.norm_eps = 1e-5
+  m.parallel_layers = False
+  m.qk_norm_type = "none"            # "none" or "rmsnorm" (per-head, OP block)
+  m.dot_norm_type = "none"           # "none" or "tanh" (30*tanh(logits/30) soft-cap)
+
+  # Block gains (scalars).
+  m.attn_block_resid_gain = 1.0
+  m.attn_block_skip_gain = 1.0
+  m.mlp_block_resid_gain = 1.0
+  m.mlp_block_skip_gain = 1.0
+  m.trainable_attn_block_gains = False
+  m.trainable_mlp_block_gains = False
+
+  # Attention-matrix gains (per head) and shaped attention (SPEC §2).
+  m.centre_attn = False
+  m.attn_mat_resid_gain = 1.0
+  m.attn_mat_skip_gain = 0.0
+  m.centre_attn_gain = _follow(m, "attn_mat_resid_gain", float)
+  m.trainable_attn_mat_gains = False
+
+  # Value / output projections (SPEC §2.2). skip gain None -> plain linear.
+  m.value_resid_gain = 1.0
+  m.value_skip_gain = _placeholder(float)
+  m.val_init_type = "normal"         # "normal", "orth" or "id"
+  m.trainable_value_gains = False
+  m.first_layer_value_resid_gain = _placeholder(float)
+  m.proj_resid_gain = _follow(m, "value_resid_gain", float)
+  m.proj_skip_gain = _follow(m, "value_skip_gain", float)
+  m.proj_init_type = _follow(m, "val_init_type", str)
+  m.trainable_proj_gains = _follow(m, "trainable_value_gains", bool)
+  m.last_layer_proj_resid_gain = _placeholder(float)
+  m.tie_valproj_init = "none"        # "none", "all_blocks" or "last_block"
+
+  # Optional re-initialisations (None: keep the default init).
+  m.query_init_std = _placeholder(float)
+  m.key_init_std = _placeholder(float)
+  m.val_proj_init_std = _placeholder(float)
+  m.mlp_proj_init_std = _placeholder(float)
+
+  m.dropout_rate = 0.0               # embedding, attention and residual dropout
+  return m
+
+
+def optimizer_config() -> ml_collections.ConfigDict:
+  o = ml_collections.ConfigDict()
+  o.learning_rate = 1e-3
+  o.schedule = "linear"              # "linear", "cosine", "rsqrt" or "constant"
+  o.warmup_fraction = 0.05
+  o.warmup_steps = _placeholder(int)  # overrides warmup_fraction when set
+  o.weight_decay = 0.1
+  o.b1 = 0.9
+  o.b2 = 0.999
+  o.eps = 1e-8
+  o.grad_clip_norm = 1.0
+  return o
+
+
+def data_config() -> ml_collections.ConfigDict:
+  d = ml_collections.ConfigDict()
+  d.name = "python_code"             # "python_code", "text_files" or any tfds text dataset
+  d.text_key = "content"
+  d.train_split = "train"
+  d.eval_split = "validation"
+  d.roots = _placeholder(str)        # comma-separated roots for python_code (default: stdlib)
+  d.paths = _placeholder(str)        # comma-separated files/globs for text_files
+  d.tfds_data_dir = _placeholder(str)  # default: ~/tensorflow_datasets
+  d.tokenizer = "byte"               # "byte" or "sentencepiece"
+  d.spm_vocab_size = 8192
+  d.spm_model_path = _placeholder(str)
+  d.spm_train_chars = 10_000_000
+  d.packing = False
+  d.mlm_rate = 0.15
+  d.shuffle_buffer = 10_000
+  return d
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  switches = {s for s in arg.split(",") if s}
+  unknown = switches - {"cpu", "encoder"}
+  if unknown:
+    raise ValueError(f"Unknown config switch(es) {sorted(unknown)}; known: cpu, encoder.")
+
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.batch_size = 128                 # global, in sequences
+  c.grad_accum_steps = 1
+  c.num_train_steps = 40_000
+  c.log_every_steps = 50
+  c.eval_every_steps = 1_000
+  c.eval_steps = 20
+  c.checkpoint_every_steps = 1_000
+  c.max_to_keep = 3
+  c.dtype = "float32"                # compute dtype: "float32" or "bfloat16"
+  c.diagnostics_every = 0            # 0: never compute the SPEC §7 diagnostics
+  c.model = model_config()
+  c.optimizer = optimizer_config()
+  c.data = data_config()
+  c.parallel = ml_collections.ConfigDict()
+  c.parallel.mode = "jit"            # "jit" (Mesh + NamedSharding) or "pmap"
+  c.parallel.fsdp = 1                # devices along the parameter-sharding axis
+
+  if "encoder" in switches:
+    _make_encoder(c)
+  if "cpu" in switches:
+    _shrink_for_cpu(c)
+  return c
+
+
+def _make_encoder(c: ml_collections.ConfigDict) -> None:
+  """Crammed-BERT setting of SPEC §6."""
+  c.model.kind = "encoder"
+  c.model.n_layer = 16
+  c.data.mlm_rate = 0.25
+  c.optimizer.b2 = 0.98
+  c.optimizer.eps = 1e-12
+  c.optimizer.grad_clip_norm = 0.5
+  c.optimizer.learning_rate = 3e-3
+
+
+def _shrink_for_cpu(c: ml_collections.ConfigDict) -> None:
+  """A run that trains in about 10 minutes on 2 CPU cores on the embedded corpus."""
+  c.model.n_layer = 6
+  c.model.n_embd = 256
+  c.model.n_head = 8
+  c.model.context_length = 128
+  c.batch_size = 16
+  c.num_train_steps = 1_000
+  c.log_every_steps = 25
+  c.eval_every_steps = 250
+  c.eval_steps = 8
+  c.checkpoint_every_steps = 250
