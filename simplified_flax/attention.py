@@ -1,0 +1,205 @@
+"""Shaped attention (SPEC §2, §8) as pure functions.
+
+Shaped attention replaces the attention matrix A = softmax(q k^T / sqrt(Dh) + mask) by
+
+    A' = resid * A + skip * I - centre * C,
+
+where C is the value A takes when every logit is zero: each row spreads its mass evenly over
+the keys that row may see. C is therefore the row-normalised attention mask, whatever the mask
+is (causal, padded, packed, offset queries), and the functions below derive it that way.
+
+Two exact forms:
+  * `impl="explicit"` forms A' as a [B, H, Tq, Tk] matrix (and can return A for diagnostics);
+  * `impl="fused"` never forms C: `A' v = resid * (A v) + skip * v_self - centre * (C v)` where
+    `A v` comes from `jax.nn.dot_product_attention` and `C v` is a (segment-wise) cumulative
+    mean for causal attention or a masked mean for bidirectional attention, O(T * D).
+
+Layout: q [B, Tq, H, Dh], k and v [B, Tk, H, Dh] (that of `jax.nn.dot_product_attention`);
+per-head gains [H]. Queries sit at absolute positions `query_offset .. query_offset + Tq - 1`
+of the key sequence (Tq == Tk and offset 0 in training). Packed `segment_ids` must be
+contiguous runs (as sequence packing produces); they index the key sequence, [B, Tk].
+"""
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+Impl = Literal["explicit", "fused"]
+IMPLS = ("explicit", "fused")
+
+
+# ----------------------------------------------------------------------------- masks and C
+
+def attention_mask(num_queries: int, num_keys: int, *, causal: bool, query_offset=0,
+                   key_mask=None, segment_ids=None) -> jax.Array:
+  """Boolean [B or 1, 1, Tq, Tk]: True where query i may attend to key j."""
+  q_pos = jnp.arange(num_queries)[:, None] + query_offset
+  k_pos = jnp.arange(num_keys)[None, :]
+  mask_BHQK = jnp.ones((1, 1, num_queries, num_keys), bool)
+  if causal:
+    mask_BHQK = mask_BHQK & (k_pos <= q_pos)[None, None]
+  if key_mask is not None:
+    mask_BHQK = mask_BHQK & key_mask[:, None, None, :]
+  if segment_ids is not None:
+    q_seg_BQ = jax.lax.dynamic_slice_in_dim(segment_ids, query_offset, num_queries, axis=1)
+    mask_BHQK = mask_BHQK & (q_seg_BQ[:, None, :, None] == segment_ids[:, None, None, :])
+  return mask_BHQK
+
+
+def centering_matrix_from_mask(mask) -> jax.Array:
+  """C = the mask with each row normalised to sum 1 (rows with no visible key are 0)."""
+  mask = mask.astype(jnp.float32)
+  return mask / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
+
+
+def causal_centering_matrix(length: int, *, query_offset: int = 0, num_queries=None):
+  """[Tq, T]: C[i, j] = 1 / (p + 1) for j <= p, where p = query_offset + i is the absolute position."""
+  num_queries = length if num_queries is None else num_queries
+  mask = attention_mask(num_queries, length, causal=True, query_offset=query_offset)
+  return centering_matrix_from_mask(mask)[0, 0]
+
+
+def bidirectional_centering_matrix(key_mask_BT) -> jax.Array:
+  """[B, T, T]: every row is 1/n on the n real (non-padding) keys of its sequence."""
+  T = key_mask_BT.shape[1]
+  return centering_matrix_from_mask(attention_mask(T, T, causal=False, key_mask=key_mask_BT))[:, 0]
+
+
+def packed_centering_matrix(segment_ids_BT, *, causal: bool, key_mask_BT=None) -> jax.Array:
+  """[B, T, T]: block diagonal, each block the causal or bidirectional C of its own segment."""
+  T = segment_ids_BT.shape[1]
+  mask = attention_mask(T, T, causal=causal, key_mask=key_mask_BT, segment_ids=segment_ids_BT)
+  return centering_matrix_from_mask(mask)[:, 0]
+
+
+# ------------------------------------------------------------------------------ explicit
+
+def _self_values(v_BKHD, num_queries: int, query_offset):
+  """The value at each query's own position: what the identity term I picks."""
+  return jax.lax.dynamic_slice_in_dim(v_BKHD, query_offset, num_queries, axis=1)
+
+
+def attention_logits(q_BQHD, k_BKHD, *, logit_soft_cap=None) -> jax.Array:
+  """float32 [B, H, Tq, Tk] = q k^T / sqrt(Dh), optionally soft-capped cap*tanh(x/cap)."""
+  scale = q_BQHD.shape[-1] ** -0.5
+  logits_BHQK = jnp.einsum("bqhd,bkhd->bhqk", q_BQHD, k_BKHD,
+                           preferred_element_type=jnp.float32) * scale
+  if logit_soft_cap is not None:
+    logits_BHQK = logit_soft_cap * jnp.tanh(logits_BHQK / logit_soft_cap)
+  return logits_BHQK
+
+
+def _explicit(q, k, v, mask, resid_gain, skip_gain, centre_gain, query_offset, logit_soft_cap):
+  logits_BHQK = attention_logits(q, k, logit_soft_cap=logit_soft_cap)
+  logits_BHQK = jnp.where(mask, logits_BHQK, jnp.finfo(jnp.float32).min)
+  probs_BHQK = jax.nn.softmax(logits_BHQK, axis=-1)
+  shaped_BHQK = _per_head(resid_gain) * probs_BHQK
+  if skip_gain is not None:
+    Tq, Tk = q.shape[1], k.shape[1]
+    eye_QK = jnp.arange(Tk)[None, :] == (jnp.arange(Tq)[:, None] + query_offset)
+    shaped_BHQK = shaped_BHQK + _per_head(skip_gain) * eye_QK
+  if centre_gain is not None:
+    shaped_BHQK = shaped_BHQK - _per_head(centre_gain) * centering_matrix_from_mask(mask)
+  out_BQHD = jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v)
+  return out_BQHD, probs_BHQK
+
+
+def _per_head(gain_H):
+  """Gains [H] (or scalars) broadcast against [B, H, Tq, Tk]."""
+  return jnp.asarray(gain_H, jnp.float32).reshape(-1, 1, 1)
+
+
+# ------------------------------------------------------------------------------- fused
+
+def _run_starts(segment_ids_BT):
+  """Index of the first position of each position's contiguous segment run, [B, T]."""
+  T = segment_ids_BT.shape[1]
+  pos = jnp.arange(T)
+  new_run = jnp.concatenate(
+      [jnp.ones_like(segment_ids_BT[:, :1], bool), segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]],
+      axis=1)
+  return jax.lax.cummax(jnp.where(new_run, pos, 0), axis=1)
+
+
+def _gather_time(x_BT_, index_BT):
+  """x[b, index[b, t], ...] for every (b, t)."""
+  index = index_BT.reshape(index_BT.shape + (1,) * (x_BT_.ndim - 2))
+  return jnp.take_along_axis(x_BT_, index, axis=1)
+
+
+def centred_values(v_BKHD, *, causal: bool, num_queries: int, query_offset=0, key_mask=None,
+                   segment_ids=None) -> jax.Array:
+  """C v without forming C: [B, Tq, H, Dh], computed in float32 in O(T * H * Dh)."""
+  B, T = v_BKHD.shape[:2]
+  valid_BT = jnp.ones((B, T), jnp.float32) if key_mask is None else key_mask.astype(jnp.float32)
+  v_BKHD = v_BKHD.astype(jnp.float32) * valid_BT[:, :, None, None]
+  if causal:
+    sum_BKHD = jnp.cumsum(v_BKHD, axis=1)
+    count_BT = jnp.cumsum(valid_BT, axis=1)
+    if segment_ids is not None:
+      # Sum over the run so far = inclusive prefix at t - exclusive prefix at the run's start.
+      starts_BT = _run_starts(segment_ids)
+      sum_BKHD = sum_BKHD - _gather_time(sum_BKHD - v_BKHD, starts_BT)
+      count_BT = count_BT - _gather_time(count_BT - valid_BT, starts_BT)
+  else:
+    seg_BT = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_ids
+    flat_ids = (jnp.arange(B)[:, None] * T + seg_BT).reshape(-1)   # one bucket per (row, segment)
+    sums = jax.ops.segment_sum(v_BKHD.reshape(B * T, -1), flat_ids, num_segments=B * T)
+    counts = jax.ops.segment_sum(valid_BT.reshape(-1), flat_ids, num_segments=B * T)
+    sum_BKHD = sums[flat_ids].reshape(v_BKHD.shape)
+    count_BT = counts[flat_ids].reshape(B, T)
+  mean_BKHD = sum_BKHD / jnp.maximum(count_BT, 1.0)[:, :, None, None]
+  return jax.lax.dynamic_slice_in_dim(mean_BKHD, query_offset, num_queries, axis=1)
+
+
+def _fused(q, k, v, *, causal, key_mask, segment_ids, query_offset, resid_gain, skip_gain,
+           centre_gain):
+  Tq, Tk = q.shape[1], k.shape[1]
+  simple_causal = causal and key_mask is None and segment_ids is None and Tq == Tk
+  mask = None
+  if not simple_causal and (causal or key_mask is not None or segment_ids is not None):
+    mask = attention_mask(Tq, Tk, causal=causal, query_offset=query_offset, key_mask=key_mask,
+                          segment_ids=segment_ids)
+  attended_BQHD = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=simple_causal)
+  gain = lambda g: jnp.asarray(g, jnp.float32).reshape(-1, 1)   # [H] -> broadcast over [.., H, Dh]
+  out_BQHD = gain(resid_gain) * attended_BQHD.astype(jnp.float32)
+  if skip_gain is not None:
+    out_BQHD = out_BQHD + gain(skip_gain) * _self_values(v, Tq, query_offset).astype(jnp.float32)
+  if centre_gain is not None:
+    out_BQHD = out_BQHD - gain(centre_gain) * centred_values(
+        v, causal=causal, num_queries=Tq, query_offset=query_offset, key_mask=key_mask,
+        segment_ids=segment_ids)
+  return out_BQHD.astype(v.dtype)
+
+
+# -------------------------------------------------------------------------------- public
+
+def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: bool,
+                     key_mask=None, segment_ids=None, query_offset=0, impl: Impl = "explicit",
+                     logit_soft_cap=None, return_probs: bool = False):
+  """Shaped attention `(resid * A + skip * I - centre * C) v`, [B, Tq, H, Dh].
+
+  `skip_gain` / `centre_gain` None omit that term (plain attention). `key_mask` [B, Tk] is
+  True on real tokens. With `return_probs` (explicit only) also returns the float32 softmax
+  A [B, H, Tq, Tk] for diagnostics. Both impls agree to float32 round-off.
+  """
+  if impl == "explicit":
+    mask = attention_mask(q.shape[1], k.shape[1], causal=causal, query_offset=query_offset,
+                          key_mask=key_mask, segment_ids=segment_ids)
+    out, probs = _explicit(q, k, v, mask, resid_gain, skip_gain, centre_gain, query_offset,
+                           logit_soft_cap)
+    return (out, probs) if return_probs else out
+  if impl == "fused":
+    if return_probs or logit_soft_cap is not None:
+      raise ValueError("impl='fused' cannot return attention probabilities or soft-cap logits; "
+                       "use impl='explicit'.")
+    return _fused(q, k, v, causal=causal, key_mask=key_mask, segment_ids=segment_ids,
+                  query_offset=query_offset, resid_gain=resid_gain, skip_gain=skip_gain,
+                  centre_gain=centre_gain)
+  raise ValueError(f"Unknown attention impl {impl!r}; expected one of {IMPLS}.")
+
+
+def attention(q, k, v, *, resid_gain=1.0, **kwargs):
+  """Plain (unshaped) attention `resid * A v`; keyword arguments as `shaped_attention`."""
+  return shaped_attention(q, k, v, resid_gain=resid_gain, skip_gain=None, centre_gain=None,
+                          **kwargs)

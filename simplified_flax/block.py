@@ -1,0 +1,125 @@
+"""The one configurable Transformer block (SPEC §1) and its attention sub-block (SPEC §2).
+
+Every variant of the papers is this block with different settings (configs/), never a
+separate class.
+"""
+from typing import Any, Dict, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from simplified_flax import attention, layers, valproj
+
+
+def _qk_kernel_init(m):
+  """W_qk [D, 2D] ~ N(0, 0.02), with the query / key half re-drawn when asked (SPEC §2.2)."""
+  def init(key, shape, dtype=jnp.float32):
+    D = shape[0]
+    base_key, q_key, k_key = jax.random.split(key, 3)
+    w = layers.normal_init(layers.PLAIN_STD)(base_key, shape, dtype)
+    if m.query_init_std is not None:
+      w = w.at[:, :D].set(layers.normal_init(m.query_init_std)(q_key, (D, D), dtype))
+    if m.key_init_std is not None:
+      w = w.at[:, D:].set(layers.normal_init(m.key_init_std)(k_key, (D, D), dtype))
+    return w
+  return init
+
+
+class AttentionSubBlock(nn.Module):
+  """`Proj(merge((resid*A + skip*I - centre*C) Value(x)))` for x [B, T, D] (SPEC §2)."""
+  cfg: Any     # FrozenConfigDict: the model config
+  layer: int
+  causal: bool
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BTD, anchors: Dict[str, jax.Array], *, key_mask=None, segment_ids=None):
+    m = self.cfg
+    B, T, D = x_BTD.shape
+    H = m.n_head
+    qk_BT2D = nn.Dense(2 * D, use_bias=True, dtype=self.dtype, name="c_attn",
+                       kernel_init=_qk_kernel_init(m))(x_BTD)
+    q_BTD, k_BTD = jnp.split(qk_BT2D, 2, axis=-1)
+    v_BTD = self._linear("value", valproj.value_settings(m, self.layer))(
+        x_BTD, anchors.get("value"))
+    q_BTHd, k_BTHd, v_BTHd = (a.reshape(B, T, H, D // H) for a in (q_BTD, k_BTD, v_BTD))
+    if m.qk_norm_type == "rmsnorm":
+      q_BTHd = layers.RMSNorm(m.norm_eps, self.dtype, name="q_norm")(q_BTHd)
+      k_BTHd = layers.RMSNorm(m.norm_eps, self.dtype, name="k_norm")(k_BTHd)
+
+    trainable = m.trainable_attn_mat_gains
+    resid_H = layers.gain(self, "attn_mat_resid_gain", m.attn_mat_resid_gain, trainable, (H,))
+    skip_H = centre_H = None
+    if m.centre_attn:
+      skip_H = layers.gain(self, "attn_mat_skip_gain", m.attn_mat_skip_gain, trainable, (H,))
+      centre_H = layers.gain(self, "centre_attn_gain", m.centre_attn_gain,
+                             trainable and m.centre_attn_gain != 0, (H,))
+    result = attention.shaped_attention(
+        q_BTHd, k_BTHd, v_BTHd, resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
+        causal=self.causal, key_mask=key_mask, segment_ids=segment_ids, impl=m.attention_impl,
+        logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None,
+        return_probs=m.attention_impl == "explicit")
+    if m.attention_impl == "explicit":
+      out_BTHd, probs_BHTT = result
+      self.sow("intermediates", "attn_probs", probs_BHTT)
+    else:
+      out_BTHd = result
+    return self._linear("proj", valproj.proj_settings(m, self.layer))(
+        out_BTHd.reshape(B, T, D), anchors.get("proj"))
+
+  def _linear(self, name: str, s: valproj.LinearSettings) -> layers.ReparamLinear:
+    return layers.ReparamLinear(s.resid_gain, s.skip_gain, s.init_type, s.trainable_gains,
+                                s.init_std, self.dtype, name=name)
+
+
+class Block(nn.Module):
+  """One block, sequential or parallel (SPEC §1), x [B, T, D] -> [B, T, D].
+
+  The parallel form reads only `norm1`; `norm2` is still created there, as in the authors'
+  code, so that parameter counts and converted checkpoints line up with theirs.
+  """
+  cfg: Any
+  layer: int
+  causal: bool
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BTD, anchors, *, key_mask=None, segment_ids=None, train=False):
+    m = self.cfg
+    norm_type = "ln" if (m.norm_type == "none" and self.layer == 0) else m.norm_type
+    norm1 = layers.make_norm(norm_type, m.norm_eps, self.dtype, "norm1")
+    norm2 = layers.make_norm(m.norm_type, m.norm_eps, self.dtype, "norm2")
+    attn = AttentionSubBlock(m, self.layer, self.causal, self.dtype, name="attn")
+    mlp = layers.MLP(m.mlp_width_mult, m.activation, m.lrelu_neg_slope, m.mlp_proj_init_std,
+                     self.dtype, name="mlp")
+    drop = nn.Dropout(m.dropout_rate, deterministic=not train)
+    attn_fn = lambda h: drop(attn(h, anchors, key_mask=key_mask, segment_ids=segment_ids))
+    mlp_fn = lambda h: drop(mlp(h))
+
+    attn_resid = layers.gain(self, "attn_block_resid_gain", m.attn_block_resid_gain,
+                             m.trainable_attn_block_gains)
+    mlp_resid = layers.gain(self, "mlp_block_resid_gain", m.mlp_block_resid_gain,
+                            m.trainable_mlp_block_gains)
+    if m.parallel_layers:
+      h_BTD = norm1(x_BTD)
+      if m.norm_type != "none":
+        norm2(h_BTD)   # created, unread: see the class docstring
+      out_BTD = mlp_resid * mlp_fn(h_BTD) + attn_resid * attn_fn(h_BTD)
+      if m.mlp_block_skip_gain != 0:   # never trainable in the parallel form
+        out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD
+      return out_BTD.astype(self.dtype)
+
+    x_BTD = self._sub_block(x_BTD, norm1, attn_fn, attn_resid, "attn_block_skip_gain",
+                            m.attn_block_skip_gain, m.trainable_attn_block_gains)
+    return self._sub_block(x_BTD, norm2, mlp_fn, mlp_resid, "mlp_block_skip_gain",
+                           m.mlp_block_skip_gain, m.trainable_mlp_block_gains)
+
+  def _sub_block(self, x_BTD, norm, branch, resid_gain, skip_name, skip_value, trainable):
+    if self.cfg.norm_position == "post":
+      x_BTD = norm(x_BTD)
+    h_BTD = norm(x_BTD) if self.cfg.norm_position == "pre" else x_BTD
+    out_BTD = resid_gain * branch(h_BTD)
+    if skip_value != 0:   # a zero skip is omitted, not multiplied by zero
+      out_BTD = out_BTD + layers.gain(self, skip_name, skip_value, trainable) * x_BTD
+    return out_BTD.astype(self.dtype)

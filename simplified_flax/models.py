@@ -1,0 +1,91 @@
+"""Decoder LM and encoder MLM models (SPEC §4): embeddings, L blocks, final LayerNorm, tied head.
+
+    model = build_model(config.model, dtype="bfloat16")
+    variables = model.init(jax.random.key(0), tokens_BT)      # {"params", "constants"}
+    logits_BTV = model.apply(variables, tokens_BT)
+
+`constants` holds the fixed anchor matrices of reparameterised Value/Proj layers: never
+trained, never decayed, saved with the parameters. Hidden states (per block, "hidden") and
+softmax attention probabilities (explicit path, "attn_probs") are sown into the
+`intermediates` collection: `model.apply(variables, tokens, mutable=["intermediates"])`.
+"""
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from simplified_flax import attention, block, layers, valproj
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def segment_positions(segment_ids_BT) -> jax.Array:
+  """Position of each token inside its own (contiguous) segment, [B, T]."""
+  return jnp.arange(segment_ids_BT.shape[1]) - attention._run_starts(segment_ids_BT)
+
+
+class Transformer(nn.Module):
+  """Token + position embeddings, `n_layer` blocks, final LayerNorm, head tied to `wte`.
+
+  tokens [B, T] int -> logits [B, T, V] float32. `causal` picks the decoder or the encoder.
+  """
+  cfg: Any     # FrozenConfigDict: the model config
+  causal: bool
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False):
+    m = self.cfg
+    B, T = tokens_BT.shape
+    if T > m.max_position_embeddings:
+      raise ValueError(f"Sequence length {T} exceeds model.max_position_embeddings="
+                       f"{m.max_position_embeddings}; raise it or shorten the input.")
+    anchors = self.variable("constants", "anchors", lambda: valproj.anchor_matrices(
+        self.make_rng("params"), m)).value
+
+    wte = nn.Embed(m.vocab_size, m.n_embd, embedding_init=layers.normal_init(layers.PLAIN_STD),
+                   name="wte")
+    wpe = nn.Embed(m.max_position_embeddings, m.n_embd, name="wpe",
+                   embedding_init=layers.normal_init(layers.PLAIN_STD))
+    positions_BT = (jnp.broadcast_to(jnp.arange(T), (B, T)) if segment_ids is None
+                    else segment_positions(segment_ids))
+    x_BTD = (wte(tokens_BT) + wpe(positions_BT)).astype(self.dtype)
+    x_BTD = nn.Dropout(m.dropout_rate, deterministic=not train)(x_BTD)
+
+    for layer in range(m.n_layer):
+      x_BTD = block.Block(m, layer, self.causal, self.dtype, name=f"h_{layer}")(
+          x_BTD, anchors.get(f"layer_{layer}", {}), key_mask=key_mask, segment_ids=segment_ids,
+          train=train)
+      self.sow("intermediates", "hidden", x_BTD)
+
+    x_BTD = nn.LayerNorm(epsilon=m.norm_eps, dtype=self.dtype, name="ln_f")(x_BTD)
+    # Tied head; float32 logits for a stable softmax cross-entropy.
+    return jnp.einsum("btd,vd->btv", x_BTD, wte.embedding.astype(self.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def TransformerLM(cfg, dtype=jnp.float32, **kwargs) -> Transformer:
+  """The decoder (causal) language model."""
+  return Transformer(_frozen(cfg), causal=True, dtype=dtype, **kwargs)
+
+
+def TransformerEncoder(cfg, dtype=jnp.float32, **kwargs) -> Transformer:
+  """The bidirectional encoder with an MLM head tied to the token embedding."""
+  return Transformer(_frozen(cfg), causal=False, dtype=dtype, **kwargs)
+
+
+def build_model(model_config, dtype="float32") -> Transformer:
+  """The model `model_config.kind` names ("decoder" or "encoder"), computing in `dtype`."""
+  from simplified_flax import config_checks   # local: keeps the model importable standalone
+  config_checks.validate_model_config(model_config)
+  compute_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+  make = TransformerLM if model_config.kind == "decoder" else TransformerEncoder
+  return make(model_config, dtype=compute_dtype)
+
+
+def _frozen(cfg):
+  if isinstance(cfg, ml_collections.FrozenConfigDict):
+    return cfg
+  return ml_collections.FrozenConfigDict(cfg)
