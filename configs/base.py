@@ -120,6 +120,11 @@ def data_config() -> ml_collections.ConfigDict:
   return d
 
 
+def with_switch(arg: str, switch: str) -> str:
+  """`arg` with one more comma-separated switch (how the bert_* files select the encoder)."""
+  return ",".join(s for s in (arg, switch) if s)
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   switches = {s for s in arg.split(",") if s}
   unknown = switches - {"cpu", "encoder"}

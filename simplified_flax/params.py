@@ -1,0 +1,67 @@
+"""Parameter counts of a config without allocating the parameters (`jax.eval_shape`).
+
+    python -m simplified_flax.params --config=configs/sas_p.py --config.model.vocab_size=50000
+    python -m simplified_flax.params --config=configs/sas_p.py:cpu --breakdown
+
+prints JSON: `total` (every array, fixed anchors included), `trainable` (the `params`
+collection), `non_embedding` (trainable minus token and position embeddings) and, with
+`--breakdown`, trainable counts per top-level module.
+"""
+import json
+from typing import Dict
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+from ml_collections import config_flags
+
+from simplified_flax import models
+
+EMBEDDINGS = ("wte", "wpe")
+
+
+def variable_shapes(model_config):
+  """The model's variables as ShapeDtypeStructs; nothing is allocated or computed."""
+  model = models.build_model(model_config)
+  tokens = jax.ShapeDtypeStruct((1, model_config.context_length), jnp.int32)
+  return jax.eval_shape(lambda t: model.init(jax.random.key(0), t), tokens)
+
+
+def _size(tree) -> int:
+  return sum(x.size for x in jax.tree.leaves(tree))
+
+
+def count_parameters(model_config, breakdown: bool = False) -> Dict:
+  shapes = variable_shapes(model_config)
+  params = shapes["params"]
+  counts = {
+      "total": _size(shapes),
+      "trainable": _size(params),
+      "non_embedding": _size({k: v for k, v in params.items() if k not in EMBEDDINGS}),
+  }
+  if breakdown:
+    counts["breakdown"] = {name: _size(sub) for name, sub in params.items()}
+  return counts
+
+
+def resolve_vocab_size(config) -> None:
+  """Fills `model.vocab_size` from the configured tokenizer when it is unset."""
+  if config.model.vocab_size is None:
+    from simplified_flax import data   # only needed when the vocabulary is not given
+    config.model.vocab_size = data.tokenizer_vocab_size(config.data)
+
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
+_BREAKDOWN = flags.DEFINE_bool("breakdown", False, "Also print counts per top-level module.")
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  resolve_vocab_size(config)
+  print(json.dumps(count_parameters(config.model, _BREAKDOWN.value), indent=1))
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)
