@@ -111,7 +111,7 @@ def _per_head(gain_H):
 
 # ------------------------------------------------------------------------------- fused
 
-def _run_starts(segment_ids_BT):
+def segment_run_starts(segment_ids_BT):
   """Index of the first position of each position's contiguous segment run, [B, T]."""
   T = segment_ids_BT.shape[1]
   pos = jnp.arange(T)
@@ -138,7 +138,7 @@ def centred_values(v_BKHD, *, causal: bool, num_queries: int, query_offset=0, ke
     count_BT = jnp.cumsum(valid_BT, axis=1)
     if segment_ids is not None:
       # Sum over the run so far = inclusive prefix at t - exclusive prefix at the run's start.
-      starts_BT = _run_starts(segment_ids)
+      starts_BT = segment_run_starts(segment_ids)
       sum_BKHD = sum_BKHD - _gather_time(sum_BKHD - v_BKHD, starts_BT)
       count_BT = count_BT - _gather_time(count_BT - valid_BT, starts_BT)
   else:

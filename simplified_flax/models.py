@@ -23,7 +23,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 
 def segment_positions(segment_ids_BT) -> jax.Array:
   """Position of each token inside its own (contiguous) segment, [B, T]."""
-  return jnp.arange(segment_ids_BT.shape[1]) - attention._run_starts(segment_ids_BT)
+  return jnp.arange(segment_ids_BT.shape[1]) - attention.segment_run_starts(segment_ids_BT)
 
 
 class Transformer(nn.Module):
