@@ -102,21 +102,26 @@ def optimizer_config() -> ml_collections.ConfigDict:
 
 
 def data_config() -> ml_collections.ConfigDict:
+  """Corpus, tokenizer and batching (simplified_flax/data; docs/data.md)."""
   d = ml_collections.ConfigDict()
   d.name = "python_code"             # "python_code", "text_files" or any tfds text dataset
-  d.text_key = "content"
+  d.text_key = "content"             # tfds feature holding the text (its only Text one if absent)
   d.train_split = "train"
   d.eval_split = "validation"
   d.roots = _placeholder(str)        # comma-separated roots for python_code (default: stdlib)
   d.paths = _placeholder(str)        # comma-separated files/globs for text_files
-  d.tfds_data_dir = _placeholder(str)  # default: ~/tensorflow_datasets
+  d.json_key = "text"                # field of each JSON-lines record that holds the text
+  d.tfds_data_dir = _placeholder(str)  # default: tfds's own (~/tensorflow_datasets)
+  d.cache_dir = _placeholder(str)    # tokenized splits; default: next to the prepared data
   d.tokenizer = "byte"               # "byte" or "sentencepiece"
   d.spm_vocab_size = 8192
-  d.spm_model_path = _placeholder(str)
-  d.spm_train_chars = 10_000_000
-  d.packing = False
+  d.spm_model_path = _placeholder(str)  # an existing SentencePiece model (else train one)
+  d.spm_train_chars = 10_000_000     # SentencePiece trains on this many leading characters
+  d.packing = False                  # False: windows of T per document (the paper's way)
   d.mlm_rate = 0.15
-  d.shuffle_buffer = 10_000
+  d.streaming = _placeholder(bool)   # None: stream only train splits over 1 GiB on disk
+  d.shuffle_buffer = 10_000          # streaming only (in memory the shuffle is exact)
+  d.prefetch = 2                     # batches made ahead by a background thread (0: none)
   return d
 
 

@@ -45,10 +45,12 @@ def count_parameters(model_config, breakdown: bool = False) -> Dict:
 
 
 def resolve_vocab_size(config) -> None:
-  """Fills `model.vocab_size` from the configured tokenizer when it is unset."""
+  """Fills an unset `model.vocab_size` with the configured tokenizer's size, without data:
+  259 for bytes, `data.spm_vocab_size` for SentencePiece (which training enforces)."""
   if config.model.vocab_size is None:
-    from simplified_flax import data   # only needed when the vocabulary is not given
-    config.model.vocab_size = data.tokenizer_vocab_size(config.data)
+    from simplified_flax.data import tokenizers   # only needed when the vocabulary is not given
+    config.model.vocab_size = (tokenizers.ByteTokenizer.vocab_size
+                               if config.data.tokenizer == "byte" else config.data.spm_vocab_size)
 
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")

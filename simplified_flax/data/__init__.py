@@ -1,0 +1,22 @@
+"""Data for training: corpora (tfds), tokenizers, windows or packed rows, MLM, the iterator.
+
+    from simplified_flax.data import build_pipeline
+    pipeline = build_pipeline(config, workdir=workdir)   # sets config.model.vocab_size if None
+    it = pipeline.train_iterator()
+    batch = next(it)            # numpy, b = config.batch_size // process_count rows
+    state = it.get_state()      # JSON; the same on every process; it.set_state(state) resumes
+
+Batches (T = config.model.context_length):
+  decoder: {"inputs": int32[b, T]} (+ "segment_ids": int32[b, T] with data.packing)
+  encoder: {"inputs": int32[b, T] masked, "targets": int32[b, T], "weights": float32[b, T]
+            (1.0 at the masked positions that are scored), "key_mask": bool[b, T] (True = real
+            token)} (+ "segment_ids" with data.packing)
+segment_ids number documents 1, 2, ... within a row and are 0 on padding (packing only).
+"""
+from simplified_flax.data.errors import DataError
+from simplified_flax.data.iterator import CheckpointableIterator
+from simplified_flax.data.pipeline import Pipeline, build_pipeline
+from simplified_flax.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, Tokenizer
+
+__all__ = ["build_pipeline", "Pipeline", "CheckpointableIterator", "DataError", "Tokenizer",
+           "ByteTokenizer", "SentencePieceTokenizer"]

@@ -1,0 +1,231 @@
+"""Finding, validating and splitting the documents of a local corpus (pure file-system code).
+
+Two kinds of local corpus feed the tfds builders of `sources.py`:
+  * `python_code`: every `*.py` file under a list of root directories (default: the running
+    interpreter's standard library), one document per file;
+  * `text_files`: a list of files or globs; a `.jsonl` file holds one document per line (a JSON
+    object whose `json_key` field is the text), any other file is one document.
+
+A document goes to the validation split when a stable hash of its name (path relative to its
+root, plus `:line` for JSON-lines) falls in the first `VALIDATION_PERCENT` of buckets, so the
+split never depends on the machine, the file order or the other files.
+"""
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import sysconfig
+from typing import Iterator, Sequence
+
+from absl import logging
+
+from simplified_flax.data.errors import DataError
+
+VALIDATION_PERCENT = 5
+# Installed third-party packages and caches are not part of a source tree's own code.
+PRUNED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", ".git", ".hg",
+                         ".svn", ".tox", ".venv", "node_modules"})
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+_GLOB_CHARS = frozenset("*?[")
+
+
+@dataclasses.dataclass(frozen=True)
+class DocRef:
+  """Where one document lives: `line` is None for a whole file, else a JSON-lines line (1-based)."""
+  name: str        # stable, root-relative name: hashed for the split, stored as `path`
+  abs_path: str
+  line: int | None = None
+  root_index: int = 0  # tells apart equal names under different roots
+
+  @property
+  def key(self) -> str:
+    """Unique and independent of where the roots live, so the prepared order is too."""
+    return f"{self.root_index}/{self.name}"
+
+
+def stdlib_root() -> str:
+  """The running interpreter's standard library: ~30 MB of real Python on every machine."""
+  return sysconfig.get_paths()["stdlib"]
+
+
+def split_of(name: str) -> str:
+  """'validation' for VALIDATION_PERCENT% of names (by a stable hash), else 'train'."""
+  return "validation" if _bucket(name) < VALIDATION_PERCENT * 100 else "train"
+
+
+def _bucket(name: str) -> int:
+  digest = hashlib.sha256(name.encode("utf-8")).digest()
+  return int.from_bytes(digest[:8], "big") % 10_000
+
+
+def assign_splits(docs: Sequence[DocRef]) -> dict[str, list[DocRef]]:
+  """Splits documents by `split_of`; a corpus whose hash leaves validation empty gives it the
+  document with the smallest bucket, so tiny corpora still have an eval split."""
+  if len(docs) < 2:
+    raise DataError(
+        f"The corpus has {len(docs)} usable document(s); at least 2 are needed so that one can "
+        "be held out for the validation split. Add files (or, for text_files, use a JSON-lines "
+        "file with one document per line).")
+  splits = {"train": [], "validation": []}
+  for doc in docs:
+    splits[split_of(doc.name)].append(doc)
+  if not splits["validation"]:
+    moved = min(splits["train"], key=lambda d: (_bucket(d.name), d.name))
+    splits["train"].remove(moved)
+    splits["validation"].append(moved)
+  return splits
+
+
+def decode_utf8(data: bytes) -> str | None:
+  """The text of `data`, or None when it is not UTF-8 (a BOM is dropped)."""
+  try:
+    return data.decode("utf-8-sig")
+  except UnicodeDecodeError:
+    return None
+
+
+def read_text(path: str) -> str | None:
+  with open(path, "rb") as f:
+    return decode_utf8(f.read())
+
+
+# ------------------------------------------------------------------------------------------
+# python_code: *.py files under roots.
+# ------------------------------------------------------------------------------------------
+def walk_python_files(root: str) -> list[str]:
+  """Sorted root-relative paths of the `*.py` files under `root`, skipping PRUNED_DIRS."""
+  found = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    dirnames[:] = sorted(d for d in dirnames if d not in PRUNED_DIRS)
+    for filename in filenames:
+      if filename.endswith(".py"):
+        found.append(os.path.relpath(os.path.join(dirpath, filename), root))
+  return sorted(found)
+
+
+def python_documents(roots: Sequence[str]) -> list[DocRef]:
+  """The usable `*.py` documents under `roots`, in a stable order.
+
+  Files that are not UTF-8 (some test fixtures) or are empty are skipped and counted; a root
+  that does not exist, holds no `*.py` file, or holds none that is usable is an error.
+  """
+  docs = []
+  for root_index, root in enumerate(roots):
+    if not os.path.isdir(root):
+      raise DataError(f"data.roots: '{root}' is not a directory. Give existing directories of "
+                      "Python source (comma-separated), or leave data.roots unset for the "
+                      "standard library.")
+    rel_paths = walk_python_files(root)
+    if not rel_paths:
+      raise DataError(f"data.roots: no *.py file under '{root}' (skipping "
+                      f"{', '.join(sorted(PRUNED_DIRS))}). Point data.roots at a directory of "
+                      "Python source.")
+    not_utf8, empty = [], 0
+    usable = 0
+    for rel in rel_paths:
+      text = read_text(os.path.join(root, rel))
+      if text is None:
+        not_utf8.append(rel)
+      elif not text:
+        empty += 1
+      else:
+        usable += 1
+        # Names stay root-relative so the split does not depend on where the root lives.
+        docs.append(DocRef(name=rel, abs_path=os.path.join(root, rel), root_index=root_index))
+    if not_utf8 or empty:
+      logging.warning("python_code: under %s skipped %d non-UTF-8 file(s) %s and %d empty file(s).",
+                      root, len(not_utf8), not_utf8[:3], empty)
+    if not usable:
+      raise DataError(f"data.roots: none of the {len(rel_paths)} *.py files under '{root}' is "
+                      f"usable ({len(not_utf8)} not UTF-8, {empty} empty). Convert them to "
+                      "UTF-8 or point data.roots elsewhere.")
+  return docs
+
+
+# ------------------------------------------------------------------------------------------
+# text_files: plain-text and JSON-lines files.
+# ------------------------------------------------------------------------------------------
+def expand_paths(patterns: Sequence[str]) -> list[str]:
+  """Absolute, sorted, de-duplicated files named by `patterns` (files or recursive globs)."""
+  files = set()
+  for pattern in patterns:
+    if _GLOB_CHARS & set(pattern):
+      matches = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+      if not matches:
+        raise DataError(f"data.paths: the glob '{pattern}' matches no file. Check the pattern "
+                        "(use '**' for subdirectories, e.g. 'corpus/**/*.txt').")
+      files.update(os.path.abspath(p) for p in matches)
+    elif os.path.isdir(pattern):
+      raise DataError(f"data.paths: '{pattern}' is a directory; give files or a glob such as "
+                      f"'{os.path.join(pattern, '**', '*.txt')}'.")
+    elif not os.path.isfile(pattern):
+      raise DataError(f"data.paths: '{pattern}' does not exist. Give existing files or globs "
+                      "(comma-separated).")
+    else:
+      files.add(os.path.abspath(pattern))
+  return sorted(files)
+
+
+def text_documents(files: Sequence[str], json_key: str) -> list[DocRef]:
+  """One document per plain file, one per non-empty line of a JSON-lines file."""
+  base = os.path.commonpath([os.path.dirname(f) for f in files])
+  docs = []
+  for path in files:
+    rel = os.path.relpath(path, base)
+    if path.endswith(JSONL_SUFFIXES):
+      docs.extend(DocRef(name=f"{rel}:{line}", abs_path=path, line=line)
+                  for line, _ in iter_jsonl(path, json_key))
+    elif _text_or_raise(path):
+      docs.append(DocRef(name=rel, abs_path=path))
+  if not docs:
+    raise DataError(f"data.paths: the corpus is empty: the {len(files)} file(s) under '{base}' "
+                    "hold no text. Point data.paths at non-empty files.")
+  return docs
+
+
+def _text_or_raise(path: str) -> str:
+  text = read_text(path)
+  if text is None:
+    raise DataError(f"data.paths: '{path}' is not UTF-8 text. Convert it (e.g. `iconv -t "
+                    "UTF-8`) or leave it out of data.paths.")
+  return text
+
+
+def iter_jsonl(path: str, json_key: str) -> Iterator[tuple[int, str]]:
+  """(1-based line, text) of every line of `path` whose `json_key` holds non-empty text."""
+  for line_no, line in enumerate(_text_or_raise(path).splitlines(), start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise DataError(f"data.paths: '{path}' line {line_no} is not JSON ({e.msg}). A JSON-lines "
+                      "file holds one JSON object per line.") from None
+    if not isinstance(record, dict) or not isinstance(record.get(json_key), str):
+      raise DataError(f"data.paths: '{path}' line {line_no} has no string field '{json_key}'. "
+                      "Set data.json_key to the field that holds the text.")
+    if record[json_key]:
+      yield line_no, record[json_key]
+
+
+def read_documents(docs: Sequence[DocRef], json_key: str) -> Iterator[tuple[DocRef, str]]:
+  """(doc, text) for every doc, reading each file once (files are re-read here rather than held
+  in memory since scanning, so a large root costs no memory)."""
+  by_file: dict[str, list[DocRef]] = {}
+  for doc in docs:
+    by_file.setdefault(doc.abs_path, []).append(doc)
+  for path, file_docs in by_file.items():
+    if file_docs[0].line is None:
+      text = read_text(path)
+      if text is None:
+        raise DataError(f"'{path}' stopped being UTF-8 while the dataset was prepared; "
+                        "prepare again.")
+      yield file_docs[0], text
+      continue
+    wanted = {doc.line: doc for doc in file_docs}
+    for line_no, text in iter_jsonl(path, json_key):
+      if line_no in wanted:
+        yield wanted.pop(line_no), text
+    if wanted:
+      raise DataError(f"'{path}' changed while the dataset was prepared; prepare again.")

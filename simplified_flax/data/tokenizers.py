@@ -1,0 +1,198 @@
+"""Tokenizers: byte-level, and SentencePiece trained on the corpus (or loaded from a file).
+
+Both put their special tokens first, so the same rule holds for either:
+
+    id 0 = pad, 1 = end-of-document (eod), 2 = [MASK]; ids < first_regular_id are special.
+
+* `ByteTokenizer`: ids 3..258 are the bytes 0..255 of the UTF-8 text (vocab_size 259). Any
+  text encodes; decoding replaces invalid UTF-8 with U+FFFD instead of failing.
+* `SentencePieceTokenizer`: pad 0, control pieces `<eod>` 1 and `<mask>` 2, unk 3 (never
+  produced), the 256 byte-fallback pieces, then learned pieces. Byte fallback means any text encodes
+  without unknowns; identity normalisation keeps code's whitespace, so decode(encode(s)) == s.
+
+`build_tokenizer(data_config, workdir, training_texts)` picks one from the config. A trained
+SentencePiece model is saved as `<workdir>/tokenizer.model` and reused on resume.
+"""
+import hashlib
+import io
+import os
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
+
+from absl import logging
+import numpy as np
+import sentencepiece as spm
+import tensorflow as tf  # tf.io.gfile: the workdir may be a gs:// bucket on TPU hosts
+
+from simplified_flax.data.errors import DataError
+
+PAD_ID, EOD_ID, MASK_ID = 0, 1, 2
+TOKENIZER_FILENAME = "tokenizer.model"
+
+
+class Tokenizer(Protocol):
+  vocab_size: int        # including the special tokens
+  pad_id: int
+  eod_id: int
+  mask_id: int
+  first_regular_id: int  # ids below this are special; MLM draws random ids above it
+  fingerprint: str       # changes whenever the id of any text would change
+
+  def encode(self, text: str) -> list[int]: ...
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+  def decode(self, ids: Iterable[int]) -> str: ...
+
+
+class ByteTokenizer:
+  """UTF-8 bytes shifted past the three special ids."""
+  pad_id, eod_id, mask_id = PAD_ID, EOD_ID, MASK_ID
+  first_regular_id = 3
+  vocab_size = 256 + first_regular_id
+  fingerprint = "byte-v1"
+
+  def encode(self, text: str) -> list[int]:
+    return self.encode_array(text).tolist()
+
+  def encode_array(self, text: str) -> np.ndarray:
+    """int32[n] ids of the UTF-8 bytes of `text`."""
+    bytes_n = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    return bytes_n.astype(np.int32) + self.first_regular_id
+
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    return [self.encode_array(t) for t in texts]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    ids_n = np.asarray(list(ids), dtype=np.int64)
+    regular_n = ids_n[(ids_n >= self.first_regular_id) & (ids_n < self.vocab_size)]
+    return (regular_n - self.first_regular_id).astype(np.uint8).tobytes().decode(
+        "utf-8", errors="replace")
+
+
+class SentencePieceTokenizer:
+  """A SentencePiece model laid out as in the module docstring (see `train_sentencepiece`)."""
+  pad_id, eod_id, mask_id = PAD_ID, EOD_ID, MASK_ID
+
+  def __init__(self, model_proto: bytes, origin: str = "<in memory>"):
+    self._sp = spm.SentencePieceProcessor()
+    try:
+      self._sp.LoadFromSerializedProto(model_proto)
+    except Exception as e:  # sentencepiece raises bare RuntimeError/OSError for bad protos
+      raise DataError(f"The SentencePiece model '{origin}' does not load ({e}). Give a model "
+                      "written by sentencepiece (data.spm_model_path), or delete the file to "
+                      "train a new one.") from None
+    self.vocab_size = self._sp.GetPieceSize()
+    expected = {"<pad>": PAD_ID, "<eod>": EOD_ID, "<mask>": MASK_ID}
+    found = {piece: self._sp.PieceToId(piece) for piece in expected}
+    if found != expected:
+      raise DataError(f"The SentencePiece model '{origin}' lays out its special pieces as "
+                      f"{found}, but this code needs {expected}. Train it with "
+                      "`train_sentencepiece`, or delete it to train a new one.")
+    self.first_regular_id = 4  # pad, eod, mask, unk
+    self.model_proto = model_proto
+    self.fingerprint = "spm-" + hashlib.sha256(model_proto).hexdigest()[:16]
+
+  def encode(self, text: str) -> list[int]:
+    return self._sp.EncodeAsIds(text)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    ids = self._sp.Encode(list(texts), num_threads=os.cpu_count() or 1)
+    return [np.asarray(x, dtype=np.int32) for x in ids]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    # Out-of-range ids would make sentencepiece raise; a decoder should never crash on output.
+    return self._sp.DecodeIds([int(i) for i in ids if 0 <= int(i) < self.vocab_size])
+
+
+def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, max_chars: int) -> bytes:
+  """A serialised SentencePiece model trained on the first `max_chars` characters of `texts`.
+
+  Training reads lines (SentencePiece skips "sentences" longer than max_sentence_length, and
+  source files are far longer); newlines then fall back to their byte piece.
+  """
+  writer = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.Train(
+        sentence_iterator=_lines(_first_chars(texts, max_chars)),
+        model_writer=writer,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        byte_fallback=True,                 # any text encodes; no <unk> ever appears
+        pad_id=PAD_ID, unk_id=3, bos_id=-1, eos_id=-1,
+        control_symbols=["<eod>", "<mask>"],
+        normalization_rule_name="identity",  # keep code's whitespace and characters as they are
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
+        allow_whitespace_only_pieces=True,   # indentation runs become single pieces
+        split_digits=True,
+        character_coverage=0.9995,
+        max_sentence_length=1 << 16,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+    )
+  except RuntimeError as e:
+    raise DataError(f"SentencePiece training failed ({e}). data.spm_vocab_size must exceed the "
+                    "256 byte pieces plus the distinct characters, and a small corpus only "
+                    "supports a small vocabulary: adjust data.spm_vocab_size or "
+                    "data.spm_train_chars.") from None
+  return writer.getvalue()
+
+
+def _first_chars(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+  remaining = max_chars
+  for text in texts:
+    if remaining <= 0:
+      return
+    yield text[:remaining]
+    remaining -= len(text)
+
+
+def _lines(texts: Iterable[str]) -> Iterator[str]:
+  for text in texts:
+    yield from (line for line in text.splitlines() if line)
+
+
+def build_tokenizer(data_config, workdir: str | None,
+                    training_texts: Callable[[], Iterable[str]]) -> Tokenizer:
+  """The tokenizer that `data_config.tokenizer` names.
+
+  SentencePiece, in order: `spm_model_path` if set; else `<workdir>/tokenizer.model` if it
+  exists (a resumed run keeps its ids); else train on `training_texts()` and save there.
+  """
+  kind = data_config.tokenizer
+  if kind == "byte":
+    return ByteTokenizer()
+  if kind != "sentencepiece":
+    raise DataError(f"data.tokenizer is '{kind}'; use 'byte' or 'sentencepiece'.")
+  if data_config.spm_model_path:
+    return SentencePieceTokenizer(_read_model(data_config.spm_model_path),
+                                  data_config.spm_model_path)
+  path = os.path.join(workdir, TOKENIZER_FILENAME) if workdir else None
+  if path and tf.io.gfile.exists(path):
+    tokenizer = SentencePieceTokenizer(_read_model(path), path)
+    if tokenizer.vocab_size != data_config.spm_vocab_size:
+      raise DataError(f"'{path}' has {tokenizer.vocab_size} pieces but data.spm_vocab_size is "
+                      f"{data_config.spm_vocab_size}. Use the workdir's tokenizer (set "
+                      "data.spm_vocab_size to match) or start in a new workdir.")
+    logging.info("Reusing the SentencePiece model %s.", path)
+    return tokenizer
+  logging.info("Training a %d-piece SentencePiece model on the first %d characters.",
+               data_config.spm_vocab_size, data_config.spm_train_chars)
+  proto = train_sentencepiece(training_texts(), vocab_size=data_config.spm_vocab_size,
+                              max_chars=data_config.spm_train_chars)
+  if path:
+    tf.io.gfile.makedirs(workdir)
+    tmp_path = f"{path}.tmp-{os.getpid()}"
+    with tf.io.gfile.GFile(tmp_path, "wb") as f:
+      f.write(proto)
+    # A rename, so a crash never leaves half a model that a resumed run would trust.
+    tf.io.gfile.rename(tmp_path, path, overwrite=True)
+  return SentencePieceTokenizer(proto, path or "<trained in memory>")
+
+
+def _read_model(path: str) -> bytes:
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      return f.read()
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e)
+    raise DataError(f"The SentencePiece model '{path}' cannot be read ({reason}). Check "
+                    "data.spm_model_path.") from None
