@@ -1,0 +1,253 @@
+"""Checkpoints with Orbax: save, resume from the latest good one, refuse incompatible configs.
+
+A checkpoint `<workdir>/checkpoints/<step>/` holds four items:
+    state   the train state: params, constants, optimiser state, step, RNG (StandardSave)
+    data    the training iterator's state (JSON)
+    config  the resolved config of the run (JSON)
+    meta    {"step", "fingerprint", "elapsed_s"} (JSON)
+
+Guarantees:
+* Orbax writes a step into a temporary directory and renames it only when every item is
+  complete; old steps beyond `max_to_keep` are deleted only after that, so a newer checkpoint
+  never replaces an older good one before it is whole. Saving is asynchronous.
+* `fingerprint` is an order-independent integer hash of every state leaf's bits, checked on
+  restore: a truncated or corrupt step is reported and the previous step is tried; once a good
+  one is found the bad ones move to `<workdir>/corrupt_checkpoints/`. If none is good the
+  restore fails and nothing moves.
+* A saved config that differs from the new one in a way that changes parameter shapes raises
+  `IncompatibleCheckpointError` naming the fields; checkpoints are never touched for that.
+"""
+import copy
+import dataclasses
+import os
+import shutil
+import time
+from typing import Any, Callable
+
+from absl import logging
+from etils import epath
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+ITEMS = ("state", "data", "config", "meta")
+CHECKPOINT_DIR = "checkpoints"
+CORRUPT_DIR = "corrupt_checkpoints"
+
+
+class IncompatibleCheckpointError(ValueError):
+  """The workdir holds checkpoints of a model with different parameter shapes."""
+
+
+class CheckpointError(RuntimeError):
+  """The workdir holds checkpoints but none of them can be restored."""
+
+
+@dataclasses.dataclass
+class Restored:
+  step: int
+  state: Any
+  data_state: Any
+  meta: dict
+
+
+# ------------------------------------------------------------------------------------------
+# Manager.
+# ------------------------------------------------------------------------------------------
+def make_manager(workdir: str, max_to_keep: int, save_interval_steps: int,
+                 async_save: bool = True) -> ocp.CheckpointManager:
+  """The run's CheckpointManager over `<workdir>/checkpoints` (left-over temp dirs removed)."""
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, save_interval_steps=max(1, save_interval_steps),
+      enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)
+  if "://" not in workdir:
+    workdir = os.path.abspath(workdir)   # Orbax wants absolute local paths
+  return ocp.CheckpointManager(epath.Path(workdir) / CHECKPOINT_DIR, options=options,
+                               item_names=ITEMS)
+
+
+def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_dict: dict,
+         meta: dict) -> bool:
+  """Starts saving `step` (asynchronously); `meta` gets the state's fingerprint added.
+
+  Forced: the caller decides the steps (its interval, the last step, a preemption).
+  """
+  meta = dict(meta, step=int(step), fingerprint=int(jax.device_get(fingerprint(state))))
+  return manager.save(step, force=True, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
+      config=ocp.args.JsonSave(config_dict), meta=ocp.args.JsonSave(meta)))
+
+
+# ------------------------------------------------------------------------------------------
+# Fingerprint: a uint32 hash of the bits of every leaf, independent of sharding and order of
+# reduction (integer arithmetic wraps exactly).
+# ------------------------------------------------------------------------------------------
+def _bits_u32(x: jax.Array) -> jax.Array:
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  itemsize = jnp.dtype(x.dtype).itemsize
+  if itemsize == 4:
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+  if itemsize == 2:
+    return jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+  if itemsize == 1:
+    return jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)
+  return jnp.sum(jax.lax.bitcast_convert_type(x, jnp.uint32), axis=-1)  # 64-bit: add halves
+
+
+@jax.jit
+def fingerprint(tree) -> jax.Array:
+  """uint32 hash of all leaves: sum over elements of bits * (2 * flat_index + 1), mixed."""
+  total = jnp.uint32(0)
+  for leaf in jax.tree.leaves(tree):
+    leaf = jnp.asarray(leaf)
+    index = jnp.zeros(leaf.shape, jnp.uint32)
+    for dim in range(leaf.ndim):
+      index = index * jnp.uint32(leaf.shape[dim]) + jax.lax.broadcasted_iota(
+          jnp.uint32, leaf.shape, dim)
+    leaf_hash = jnp.sum(_bits_u32(leaf) * (2 * index + 1), dtype=jnp.uint32)
+    total = total * jnp.uint32(1_000_003) + leaf_hash + jnp.uint32(leaf.size)
+  return total
+
+
+# ------------------------------------------------------------------------------------------
+# Config compatibility.
+# ------------------------------------------------------------------------------------------
+def flatten_config(d: dict, prefix: str = "") -> dict[str, Any]:
+  """{"model": {"n_layer": 2}} -> {"model.n_layer": 2}."""
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(flatten_config(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def config_differences(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:
+  """{dotted field: (saved value, new value)} for every field that differs."""
+  a, b = flatten_config(saved), flatten_config(new)
+  return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def shape_changing_fields(saved: dict, new: dict,
+                          param_shapes: Callable[[dict], dict]) -> list[str]:
+  """The differing fields of `new` that, one at a time, change `param_shapes(config_dict)`.
+
+  `param_shapes` maps a config dict to {parameter path: shape}. When the saved and new shapes
+  agree the answer is []; when they differ but no single field explains it, every differing
+  model field is named.
+  """
+  diffs = config_differences(saved, new)
+  model_diffs = [k for k in diffs if k.startswith("model.")]
+  if not model_diffs:
+    return []
+  new_shapes = param_shapes(new)
+  if param_shapes(saved) == new_shapes:
+    return []
+  culprits = []
+  for field in model_diffs:
+    reverted = _with_field(new, field, diffs[field][0])
+    try:
+      changed = param_shapes(reverted) != new_shapes
+    except Exception:  # pylint: disable=broad-except
+      changed = True   # the saved value alone does not even build with the new config
+    if changed:
+      culprits.append(field)
+  return culprits or model_diffs
+
+
+def _with_field(config_dict: dict, dotted: str, value) -> dict:
+  out = copy.deepcopy(config_dict)
+  node = out
+  *parents, leaf = dotted.split(".")
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+  return out
+
+
+def check_compatible(saved: dict, new: dict, param_shapes: Callable[[dict], dict],
+                     where: str) -> None:
+  """Raises IncompatibleCheckpointError when `saved` and `new` give different parameters."""
+  culprits = shape_changing_fields(saved, new, param_shapes)
+  if culprits:
+    diffs = config_differences(saved, new)
+    listing = ", ".join(f"{k} (saved {diffs[k][0]!r}, now {diffs[k][1]!r})" for k in culprits)
+    raise IncompatibleCheckpointError(
+        f"Refusing to resume from {where}: the new config changes parameter shapes through "
+        f"{listing}. Use a fresh --workdir, or set these fields back.")
+  others = config_differences(saved, new)
+  if others:
+    logging.warning("Resuming with config changes that keep parameter shapes: %s",
+                    ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in others.items()))
+
+
+# ------------------------------------------------------------------------------------------
+# Restore with fall-back.
+# ------------------------------------------------------------------------------------------
+def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dict,
+                   param_shapes: Callable[[dict], dict], workdir: str,
+                   set_aside: bool = True) -> Restored | None:
+  """The newest restorable checkpoint, or None when the workdir has no checkpoint.
+
+  `target_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves). Steps that
+  cannot be read or whose fingerprint does not match are reported; once an older good step is
+  found they are set aside (unless `set_aside=False`, for read-only use). When no step is good
+  nothing moves and CheckpointError is raised: a run never silently restarts from scratch
+  over unreadable checkpoints. A step whose config changes parameter shapes raises
+  `IncompatibleCheckpointError`.
+  """
+  manager.reload()
+  bad: list[tuple[int, str]] = []
+  for step in sorted(manager.all_steps(), reverse=True):
+    why, restored = _try_restore(manager, step, target_state, new_config, param_shapes)
+    if why is not None:
+      logging.error("Checkpoint %s/%d is truncated or corrupt: %s. Trying the previous one.",
+                    manager.directory, step, why)
+      bad.append((step, why))
+      continue
+    for bad_step, bad_why in bad if set_aside else ():
+      _set_aside(manager, bad_step, workdir, bad_why)
+    logging.info("Restored checkpoint %s/%d.", manager.directory, step)
+    return restored
+  if bad:
+    raise CheckpointError(
+        f"No checkpoint under {manager.directory} can be restored: "
+        + "; ".join(f"step {s}: {w}" for s, w in bad)
+        + ". Nothing was moved; fix the storage or start a new --workdir.")
+  return None
+
+
+def _try_restore(manager, step, target_state, new_config, param_shapes):
+  """(None, Restored) for a good step, else (why it is bad, None)."""
+  try:
+    head = manager.restore(step, args=ocp.args.Composite(
+        config=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+  except Exception as e:  # pylint: disable=broad-except
+    return f"its config/meta cannot be read ({e!r:.300})", None
+  check_compatible(head["config"], new_config, param_shapes,
+                   f"{manager.directory}/{step}")
+  try:
+    body = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
+    got = int(jax.device_get(fingerprint(body["state"])))
+  except Exception as e:  # pylint: disable=broad-except
+    return f"its state cannot be read ({e!r:.300})", None
+  if got != head["meta"]["fingerprint"]:
+    return (f"its state fingerprint {got} does not match the saved "
+            f"{head['meta']['fingerprint']}"), None
+  return None, Restored(step, body["state"], body["data"], head["meta"])
+
+
+def _set_aside(manager: ocp.CheckpointManager, step: int, workdir: str, why: str) -> None:
+  """Moves a bad step to <workdir>/corrupt_checkpoints/ (process 0 moves, all wait)."""
+  source = os.path.join(str(manager.directory), str(step))
+  dest = os.path.join(workdir, CORRUPT_DIR, f"{step}-{int(time.time())}")
+  logging.error("Moving the bad checkpoint %s to %s (%s).", source, dest, why)
+  if jax.process_index() == 0:
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    shutil.move(source, dest)
+  multihost_utils.sync_global_devices(f"set_aside_checkpoint_{step}")
+  manager.reload()

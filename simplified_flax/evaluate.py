@@ -1,0 +1,96 @@
+"""Evaluation: the eval loss of a state, and the CLI that evaluates a workdir's latest checkpoint.
+
+    python -m simplified_flax.evaluate --workdir=DIR [--eval_steps=N]
+
+restores the latest good checkpoint of DIR with the config saved there (`config.json`) and
+prints one JSON line {"step", "eval_loss", "eval_perplexity", "eval_tokens"} for the first N
+(default: the config's `eval_steps`) batches of the validation split.
+"""
+import json
+import math
+import os
+from typing import Callable, Iterable
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import ml_collections
+
+from simplified_flax import checkpoint, mlm_metrics, parallel
+from simplified_flax.train_step import create_train_state, eval_step, param_shapes
+
+CONFIG_FILE = "config.json"
+
+
+def run_eval(eval_fn: Callable, state, batches: Iterable[dict], placement) -> dict[str, float]:
+  """Token-mean loss and perplexity (and MLM accuracy for the encoder) of `batches` (local
+  rows) under compiled `eval_fn`.
+
+  Sums stay on the device until every batch is dispatched: one host sync per evaluation.
+  """
+  total = None
+  for batch in batches:
+    sums = eval_fn(state, placement.place_batch(batch))
+    total = sums if total is None else jax.tree.map(lambda a, b: a + b, total, sums)
+  if total is None:
+    raise ValueError("The eval split gave no batches (eval_steps must be positive).")
+  total = placement.host_metrics(total)
+  tokens = float(total["weight_sum"])
+  loss = float(total["loss_sum"]) / max(tokens, 1.0)
+  result = {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 80.0)),
+            "eval_tokens": tokens}
+  if "correct_sum" in total:
+    result["eval_mlm_accuracy"] = mlm_metrics.mlm_accuracy(total)
+  return result
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved config a training run wrote to `<workdir>/config.json`."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} does not exist: is {workdir!r} the --workdir of a "
+                            f"training run?")
+  with open(path, encoding="utf-8") as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None) -> dict:
+  """Restores the latest good checkpoint of `workdir` and evaluates it on the eval split."""
+  config = load_config(workdir)
+  if pipeline is None:
+    from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
+    pipeline = parallel.primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
+  placement = parallel.Placement.from_config(config)
+  abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(config.seed)))
+  target = placement.restore_target(abstract)
+  manager = checkpoint.make_manager(workdir, config.max_to_keep, config.checkpoint_every_steps)
+  restored = checkpoint.restore_latest(manager, target, config.to_dict(), param_shapes, workdir,
+                                       set_aside=False)
+  manager.close()
+  if restored is None:
+    raise FileNotFoundError(f"No restorable checkpoint under {workdir}/checkpoints.")
+  state = placement.shard_state(restored.state) if placement.mode == "pmap" else restored.state
+  eval_fn = placement.compile_step(eval_step, abstract, returns_state=False)
+  result = run_eval(eval_fn, state, pipeline.eval_batches(eval_steps or config.eval_steps),
+                    placement)
+  return {"step": restored.step, **result}
+
+
+def main(argv) -> None:
+  del argv
+  f = flags.FLAGS
+  if not f["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)   # Orbax logs every restore at INFO
+  parallel.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
+                                  auto=f.distributed)
+  result = evaluate(f.workdir, f.eval_steps)
+  if jax.process_index() == 0:
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("workdir", None, "The --workdir of a training run.", required=True)
+  flags.DEFINE_integer("eval_steps", None, "Eval batches (default: the saved config's).")
+  parallel.define_distributed_flags()
+  app.run(main)

@@ -1,0 +1,151 @@
+"""The optimiser of SPEC §6, built from the config by small pure functions.
+
+    tx = make_optimizer(config)      # clip_by_global_norm -> AdamW(schedule, decay_mask)
+
+* `make_schedule`: linear warm-up from 0, then "linear" decay to 0 (the paper's), "cosine"
+  decay to 0, "rsqrt" decay or "constant". The schedule is evaluated at the optimiser's count,
+  i.e. the number of updates already applied: the first update uses lr(0) (0 when warming up).
+* `decay_mask`: weight decay on kernels and embeddings only; none on norm scales/biases,
+  biases and gains. A leaf of any other name is an error, so a new parameter kind is
+  classified on purpose rather than decayed by accident.
+* `accumulate_gradients`: k micro-batches of B rows give exactly the gradient *sums* of one
+  batch of k*B rows, so a step with accumulation equals a step on the whole batch.
+
+Master weights stay float32 whatever `config.dtype` computes in: the model casts them to the
+compute dtype inside `apply`, and the gradients and optimiser state are float32.
+"""
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+DECAYED_LEAVES = ("kernel", "embedding")
+UNDECAYED_LEAVES = ("scale", "bias")
+UNDECAYED_SUFFIX = "_gain"
+
+
+# ------------------------------------------------------------------------------------------
+# Learning-rate schedules.
+# ------------------------------------------------------------------------------------------
+def warmup_steps(opt_config, num_train_steps: int) -> int:
+  """`optimizer.warmup_steps` when set, else `warmup_fraction * num_train_steps` (rounded)."""
+  if opt_config.warmup_steps is not None:
+    return int(opt_config.warmup_steps)
+  return int(round(opt_config.warmup_fraction * num_train_steps))
+
+
+def make_schedule(opt_config, num_train_steps: int) -> optax.Schedule:
+  """lr(count): warm-up `0 -> learning_rate` over `warmup_steps`, then `opt_config.schedule`.
+
+  linear:   decays linearly to 0 at `num_train_steps` (the paper's schedule);
+  cosine:   half-cosine to 0 at `num_train_steps`;
+  rsqrt:    `learning_rate * sqrt(warmup / count)` after warm-up (`1 / sqrt(count)` without);
+  constant: `learning_rate` after warm-up.
+  """
+  peak = float(opt_config.learning_rate)
+  kind = opt_config.schedule
+  warm = warmup_steps(opt_config, num_train_steps)
+  decay_span = max(num_train_steps - warm, 1)
+  if kind not in ("linear", "cosine", "rsqrt", "constant"):
+    raise ValueError(f"optimizer.schedule={kind!r} is unknown: use linear, cosine, rsqrt or "
+                     f"constant.")
+
+  def schedule(count):
+    step = jnp.asarray(count, jnp.float32)
+    warm_factor = jnp.minimum(step / warm, 1.0) if warm > 0 else 1.0
+    progress = jnp.clip((step - warm) / decay_span, 0.0, 1.0)
+    if kind == "linear":
+      decay = 1.0 - progress
+    elif kind == "cosine":
+      decay = 0.5 * (1.0 + jnp.cos(math.pi * progress))
+    elif kind == "rsqrt":
+      decay = jax.lax.rsqrt(jnp.maximum(step, max(warm, 1)) / max(warm, 1))
+    else:
+      decay = 1.0
+    return peak * warm_factor * decay
+
+  return schedule
+
+
+# ------------------------------------------------------------------------------------------
+# Weight-decay mask.
+# ------------------------------------------------------------------------------------------
+def leaf_gets_decay(path: tuple[str, ...]) -> bool:
+  """Whether the parameter at `path` (module names..., leaf name) is weight-decayed."""
+  name = path[-1]
+  if name in DECAYED_LEAVES:
+    return True
+  if name in UNDECAYED_LEAVES or name.endswith(UNDECAYED_SUFFIX):
+    return False
+  raise ValueError(
+      f"Parameter {'/'.join(path)!r} has a leaf name the weight-decay mask does not know: "
+      f"name dense weights 'kernel', embeddings 'embedding', norm parameters 'scale'/'bias' "
+      f"and gains '*{UNDECAYED_SUFFIX}', or extend simplified_flax.optim.leaf_gets_decay.")
+
+
+def decay_mask(params) -> Any:
+  """A pytree of bools matching `params`: True where AdamW applies weight decay."""
+  def keyname(k):
+    return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: leaf_gets_decay(tuple(keyname(k) for k in path)), params)
+
+
+# ------------------------------------------------------------------------------------------
+# The optimiser.
+# ------------------------------------------------------------------------------------------
+def make_optimizer(config) -> optax.GradientTransformation:
+  """Global-norm clipping (when `optimizer.grad_clip_norm` > 0), then masked AdamW."""
+  o = config.optimizer
+  adamw = optax.adamw(make_schedule(o, config.num_train_steps), b1=o.b1, b2=o.b2, eps=o.eps,
+                      weight_decay=o.weight_decay, mask=decay_mask)
+  if o.grad_clip_norm and o.grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), adamw)
+  return adamw
+
+
+# ------------------------------------------------------------------------------------------
+# Gradient accumulation.
+# ------------------------------------------------------------------------------------------
+SumGradFn = Callable[[Any, dict, jax.Array], tuple[Any, dict]]
+
+
+def micro_batches(batch: dict, num_micro: int) -> dict:
+  """[B, ...] leaves -> [k, B/k, ...]; micro-batch i holds rows i, i+k, i+2k, ...
+
+  The strided split keeps every device's rows spread over all micro-batches, so each
+  micro-batch stays evenly sharded along the batch axis.
+  """
+  def split(x):
+    if x.shape[0] % num_micro:
+      raise ValueError(f"A batch of {x.shape[0]} rows does not split into grad_accum_steps="
+                       f"{num_micro} micro-batches.")
+    return jnp.swapaxes(x.reshape(x.shape[0] // num_micro, num_micro, *x.shape[1:]), 0, 1)
+
+  return jax.tree.map(split, batch)
+
+
+def accumulate_gradients(sum_grad_fn: SumGradFn, params, batch: dict, num_micro: int):
+  """Sums `sum_grad_fn(params, micro_batch, index) -> (grads, sums)` over `num_micro` parts.
+
+  `sum_grad_fn` must return gradients of a *sum* over the rows (not a mean) and a dict of
+  scalar sums (e.g. loss and token counts): then the result equals `sum_grad_fn` on the
+  whole batch, up to float summation order. `num_micro == 1` calls it once.
+  """
+  if num_micro == 1:
+    return sum_grad_fn(params, batch, jnp.int32(0))
+  parts = micro_batches(batch, num_micro)
+
+  def body(carry, xs):
+    index, micro = xs
+    grads, sums = sum_grad_fn(params, micro, index)
+    return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                       jax.eval_shape(sum_grad_fn, params, jax.tree.map(lambda x: x[0], parts),
+                                      jnp.int32(0)))
+  total, _ = jax.lax.scan(body, zeros, (jnp.arange(num_micro, dtype=jnp.int32), parts))
+  return total

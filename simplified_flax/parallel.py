@@ -1,0 +1,288 @@
+"""Where the computation runs: jax.distributed start-up, the mesh, shardings, pmap mode, feeding.
+
+Two modes run the same pure step functions (`config.parallel.mode`):
+
+* "jit": one `jax.jit` over a `Mesh` with axes ("data", "fsdp"). The batch is split over all
+  devices; parameters and optimiser state are replicated, or, with `parallel.fsdp > 1`, each
+  large leaf is sharded along "fsdp" on its largest divisible dimension (ZeRO-3 style).
+  Every process hands in only its own rows (`jax.make_array_from_process_local_data`).
+* "pmap": `jax.pmap` over the local devices; the state is replicated along a leading device
+  axis, the local batch is reshaped to [devices, rows per device, ...] and the step averages
+  with `lax.pmean` over the "batch" axis.
+
+`Placement` hides the difference from the training loop: it shards a fresh state, places
+batches, compiles the steps and gives back a single host copy of the state for checkpoints.
+"""
+import dataclasses
+import os
+import queue
+import threading
+from typing import Any, Callable, Iterator
+
+from absl import flags
+from absl import logging
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+DATA, FSDP = "data", "fsdp"
+PMAP_AXIS = "batch"
+# Leaves smaller than this stay replicated under FSDP: sharding them saves nothing.
+MIN_FSDP_SHARD_SIZE = 2 ** 14
+
+
+# ------------------------------------------------------------------------------------------
+# Multi-process start-up.
+# ------------------------------------------------------------------------------------------
+def define_distributed_flags() -> None:
+  """absl flags of `initialize_distributed` (call once, before `app.run`)."""
+  flags.DEFINE_string("coordinator_address", None,
+                      "host:port of process 0 for a multi-process run "
+                      "(env JAX_COORDINATOR_ADDRESS).")
+  flags.DEFINE_integer("num_processes", None, "Processes in the run (env JAX_NUM_PROCESSES).")
+  flags.DEFINE_integer("process_id", None, "This process's index (env JAX_PROCESS_ID).")
+  flags.DEFINE_bool("distributed", False,
+                    "Call jax.distributed.initialize() even without the flags above, letting "
+                    "JAX detect the cluster (Cloud TPU pods, SLURM, Open MPI).")
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None, process_id: int | None = None,
+                           auto: bool = False) -> bool:
+  """Joins a multi-process run; returns whether one was joined. Call before any JAX work.
+
+  Arguments left None fall back to the environment (JAX_COORDINATOR_ADDRESS,
+  JAX_NUM_PROCESSES, JAX_PROCESS_ID), then to JAX's cluster auto-detection. With none of
+  them and `auto=False` this is a single-process run and nothing happens. CPU processes
+  exchange collectives through gloo.
+  """
+  env = os.environ
+  coordinator_address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
+  if num_processes is None and "JAX_NUM_PROCESSES" in env:
+    num_processes = int(env["JAX_NUM_PROCESSES"])
+  if process_id is None and "JAX_PROCESS_ID" in env:
+    process_id = int(env["JAX_PROCESS_ID"])
+  if not auto and coordinator_address is None and num_processes is None:
+    return False
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id)
+  logging.info("Joined a run of %d processes as process %d (%d local / %d global devices).",
+               jax.process_count(), jax.process_index(), jax.local_device_count(),
+               jax.device_count())
+  return True
+
+
+def primary_first(fn: Callable[[], Any], name: str) -> Any:
+  """`fn()` on process 0, then, after a barrier, on the other processes.
+
+  For set-up that writes shared files (preparing a corpus, training a tokenizer): the other
+  processes then find them ready instead of racing to create them.
+  """
+  if jax.process_count() == 1:
+    return fn()
+  result = fn() if jax.process_index() == 0 else None
+  multihost_utils.sync_global_devices(f"primary_first:{name}")
+  return result if jax.process_index() == 0 else fn()
+
+
+# ------------------------------------------------------------------------------------------
+# Mesh and shardings ("jit" mode).
+# ------------------------------------------------------------------------------------------
+def make_mesh(fsdp: int = 1, devices=None) -> Mesh:
+  """A (data, fsdp) mesh over `devices` (default: every device of every process)."""
+  devices = list(devices if devices is not None else jax.devices())
+  if fsdp < 1 or len(devices) % fsdp:
+    raise ValueError(f"parallel.fsdp={fsdp} must divide the {len(devices)} devices.")
+  return jax.make_mesh((len(devices) // fsdp, fsdp), (DATA, FSDP),
+                       axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Rows split over every device of the mesh (both axes); other dimensions whole."""
+  return NamedSharding(mesh, P((DATA, FSDP)))
+
+
+def fsdp_spec(shape: tuple[int, ...], fsdp: int) -> P:
+  """P() (replicated), or "fsdp" on the largest dimension that `fsdp` divides.
+
+  Leaves under MIN_FSDP_SHARD_SIZE elements (norm scales, biases, gains) stay replicated.
+  """
+  if fsdp == 1 or int(np.prod(shape, dtype=np.int64)) < MIN_FSDP_SHARD_SIZE:
+    return P()
+  candidates = [d for d in range(len(shape)) if shape[d] % fsdp == 0]
+  if not candidates:
+    return P()
+  dim = max(candidates, key=lambda d: shape[d])
+  return P(*([None] * dim + [FSDP]))
+
+
+def leaf_sharding(shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, fsdp_spec(shape, mesh.shape[FSDP]))
+
+
+def state_shardings(abstract_state, mesh: Mesh):
+  """The sharding of every leaf of a (shape-only) train state."""
+  return jax.tree.map(lambda x: leaf_sharding(x.shape, mesh), abstract_state)
+
+
+def global_batch(local_batch: dict, mesh: Mesh, global_rows: int) -> dict:
+  """This process's rows [b, ...] -> global jax.Arrays [global_rows, ...] sharded by rows."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v),
+                                                    (global_rows,) + np.shape(v)[1:])
+          for k, v in local_batch.items()}
+
+
+# ------------------------------------------------------------------------------------------
+# The two modes behind one interface.
+# ------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Placement:
+  """Runs pure `step(state, batch)` functions in `mode` ("jit" or "pmap")."""
+  mode: str
+  global_rows: int               # config.batch_size
+  mesh: Mesh | None = None       # "jit" only
+
+  @classmethod
+  def from_config(cls, config) -> "Placement":
+    mode = config.parallel.mode
+    if mode == "jit":
+      return cls(mode, config.batch_size, make_mesh(config.parallel.fsdp))
+    if mode == "pmap":
+      if config.parallel.fsdp != 1:
+        raise ValueError(f"parallel.fsdp={config.parallel.fsdp} needs parallel.mode='jit'.")
+      return cls(mode, config.batch_size)
+    raise ValueError(f"parallel.mode={mode!r} is unknown: use 'jit' or 'pmap'.")
+
+  @property
+  def axis_name(self) -> str | None:
+    """The collective axis the step functions reduce over (None under jit: XLA does it)."""
+    return PMAP_AXIS if self.mode == "pmap" else None
+
+  def check_batch_size(self) -> None:
+    devices = jax.device_count()
+    if self.global_rows % devices:
+      raise ValueError(f"batch_size={self.global_rows} must be divisible by the "
+                       f"{devices} devices.")
+
+  # -- state ---------------------------------------------------------------------------------
+  def shard_state(self, state):
+    """A single-copy state (host or device) -> the state the compiled step expects."""
+    if self.mode == "jit":
+      return jax.device_put(state, state_shardings(state, self.mesh))
+    n = jax.local_device_count()
+    return jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (n,) + np.shape(x)), state)
+
+  def host_state(self, state):
+    """One copy of the state for checkpointing: global arrays (jit) or host numpy (pmap)."""
+    if self.mode == "jit":
+      return state
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))[0], state)
+
+  def restore_target(self, abstract_state):
+    """Shape/dtype/sharding of every leaf as checkpoint restore should produce it."""
+    if self.mode == "jit":
+      shardings = state_shardings(abstract_state, self.mesh)
+    else:
+      device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+      shardings = jax.tree.map(lambda _: device, abstract_state)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        abstract_state, shardings)
+
+  # -- batches -------------------------------------------------------------------------------
+  def place_batch(self, local_batch: dict) -> dict:
+    """This process's rows -> what the compiled step takes (may run on a feeder thread)."""
+    if self.mode == "jit":
+      return global_batch(local_batch, self.mesh, self.global_rows)
+    n = jax.local_device_count()
+
+    def split(x):
+      x = np.asarray(x)
+      if x.shape[0] % n:
+        raise ValueError(f"{x.shape[0]} local rows do not split over {n} local devices.")
+      return x.reshape(n, x.shape[0] // n, *x.shape[1:])
+
+    return {k: split(v) for k, v in local_batch.items()}
+
+  # -- steps ---------------------------------------------------------------------------------
+  def compile_step(self, step_fn: Callable, abstract_state,
+                   returns_state: bool = True) -> Callable:
+    """`step_fn(state, batch, axis_name=None)` as a jitted or pmapped `f(state, batch)`.
+
+    `returns_state`: the step returns `(new_state, outputs)` and the old state is donated
+    (training); otherwise it returns outputs only (evaluation). Under jit the state keeps the
+    shardings of `abstract_state` (a single-copy state) and the outputs are replicated.
+    """
+    donate = (0,) if returns_state else ()
+    if self.mode == "pmap":
+      return jax.pmap(lambda s, b: step_fn(s, b, axis_name=PMAP_AXIS), axis_name=PMAP_AXIS,
+                      donate_argnums=donate)
+    shardings = state_shardings(abstract_state, self.mesh)
+    replicated = NamedSharding(self.mesh, P())
+    return jax.jit(step_fn, in_shardings=(shardings, batch_sharding(self.mesh)),
+                   out_shardings=(shardings, replicated) if returns_state else replicated,
+                   donate_argnums=donate)
+
+  def host_metrics(self, metrics):
+    """Device metrics -> host numpy scalars (the first replica under pmap)."""
+    metrics = jax.device_get(metrics)
+    if self.mode == "pmap":
+      return jax.tree.map(lambda x: np.asarray(x)[0], metrics)
+    return metrics
+
+
+# ------------------------------------------------------------------------------------------
+# Feeding: a background thread keeps `size` placed batches ready.
+# ------------------------------------------------------------------------------------------
+class Prefetcher:
+  """Iterates `(place(batch), tag)` for `(batch, tag)` of `source`, `size` items ahead.
+
+  `tag` travels with its batch (the loop uses the data iterator's state after that batch), so
+  what the loop checkpoints matches what it trained on, however far ahead the thread runs.
+  Errors in the thread re-raise in the consumer. Call `close()` when done.
+  """
+
+  _END = object()
+
+  def __init__(self, source: Iterator[tuple[dict, Any]], place: Callable[[dict], Any],
+               size: int = 2):
+    self._queue: queue.Queue = queue.Queue(maxsize=size)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, args=(source, place), daemon=True,
+                                    name="prefetch")
+    self._thread.start()
+
+  def _put(self, item) -> bool:
+    while not self._stop.is_set():
+      try:
+        self._queue.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        continue
+    return False
+
+  def _run(self, source, place):
+    try:
+      for batch, tag in source:
+        if not self._put((place(batch), tag)):
+          return
+      self._put(self._END)
+    except BaseException as e:  # pylint: disable=broad-except
+      self._put(e)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    item = self._queue.get()
+    if item is self._END:
+      raise StopIteration
+    if isinstance(item, BaseException):
+      raise item
+    return item
+
+  def close(self) -> None:
+    self._stop.set()
+    self._thread.join(timeout=10)

@@ -1,0 +1,104 @@
+"""Checkpoint helpers: the state fingerprint, config comparison, and the metrics history."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import TINY_MODEL, load_config
+from simplified_flax import checkpoint, metrics_io
+from simplified_flax.train_step import param_shapes
+
+
+# ------------------------------------------------------------------------------------------
+# Fingerprint.
+# ------------------------------------------------------------------------------------------
+def _tree():
+  rng = np.random.default_rng(0)
+  return {"w": rng.normal(size=(4, 3)).astype(np.float32), "step": np.int32(7),
+          "h": rng.normal(size=(5,)).astype(jnp.bfloat16), "flag": np.array([True, False])}
+
+
+def test_fingerprint_is_deterministic_and_input_type_independent():
+  tree = _tree()
+  a = int(checkpoint.fingerprint(tree))
+  assert a == int(checkpoint.fingerprint(jax.tree.map(jnp.asarray, tree)))
+  assert a == int(checkpoint.fingerprint(_tree()))
+
+
+@pytest.mark.parametrize("change", ["flip_bit", "swap", "bf16", "int"])
+def test_fingerprint_sees_any_change(change):
+  tree = _tree()
+  before = int(checkpoint.fingerprint(tree))
+  if change == "flip_bit":
+    bits = tree["w"].view(np.uint32)
+    bits[2, 1] ^= 1                     # the last mantissa bit of one weight
+  elif change == "swap":
+    tree["w"][[0, 1]] = tree["w"][[1, 0]]
+  elif change == "bf16":
+    tree["h"][3] = tree["h"][3] + 1
+  else:
+    tree["step"] = np.int32(8)
+  assert int(checkpoint.fingerprint(tree)) != before
+
+
+# ------------------------------------------------------------------------------------------
+# Config comparison.
+# ------------------------------------------------------------------------------------------
+def _config_dict(**model):
+  config = load_config("preln")
+  config.model.update(dict(TINY_MODEL, **model))
+  return config.to_dict()
+
+
+def test_config_differences_are_dotted():
+  saved, new = _config_dict(), _config_dict(n_layer=3)
+  new["optimizer"]["learning_rate"] = 5e-4
+  assert checkpoint.config_differences(saved, new) == {
+      "model.n_layer": (2, 3), "optimizer.learning_rate": (1e-3, 5e-4)}
+
+
+def test_only_fields_that_change_parameter_shapes_are_named():
+  saved = _config_dict()
+  new = _config_dict(n_embd=48, dropout_rate=0.1, vocab_size=70)
+  new["optimizer"]["learning_rate"] = 5e-4
+  fields = checkpoint.shape_changing_fields(saved, new, param_shapes)
+  assert fields == ["model.n_embd", "model.vocab_size"]
+  assert checkpoint.shape_changing_fields(saved, _config_dict(dropout_rate=0.1),
+                                          param_shapes) == []
+
+
+def test_check_compatible_raises_naming_fields_and_values():
+  with pytest.raises(checkpoint.IncompatibleCheckpointError,
+                     match=r"model.n_layer \(saved 2, now 3\)"):
+    checkpoint.check_compatible(_config_dict(), _config_dict(n_layer=3), param_shapes, "ckpt")
+  checkpoint.check_compatible(_config_dict(), _config_dict(dropout_rate=0.1), param_shapes,
+                              "ckpt")                     # shapes agree: only a warning
+
+
+# ------------------------------------------------------------------------------------------
+# Metrics history.
+# ------------------------------------------------------------------------------------------
+def test_truncate_history_drops_later_and_torn_rows(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  rows = [{"step": s, "loss": 1.0 / s} for s in range(1, 6)]
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 6, "lo')
+  assert len(metrics_io.read_history(str(path))) == 5
+  metrics_io.truncate_history(str(path), 3)
+  assert metrics_io.read_history(str(path)) == rows[:3]
+
+
+def test_jsonl_writer_writes_one_row_per_call(tmp_path):
+  writer = metrics_io.JsonlWriter(str(tmp_path / "m.jsonl"))
+  writer.write_scalars(10, {"loss": np.float32(2.5), "learning_rate": 1e-3})
+  writer.write_scalars(10, {"eval_loss": 2.0})
+  writer.close()
+  assert metrics_io.read_history(str(tmp_path / "m.jsonl")) == [
+      {"step": 10, "loss": 2.5, "learning_rate": 1e-3}, {"step": 10, "eval_loss": 2.0}]
+
+
+def test_format_duration():
+  assert metrics_io.format_duration(4000) == "1h06m40s"
+  assert metrics_io.format_duration(59) == "0m59s"
+  assert metrics_io.format_duration(float("inf")) == "?"

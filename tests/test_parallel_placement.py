@@ -1,0 +1,76 @@
+"""Placement pieces that need no extra devices: the FSDP rule, pmap batch layout, the feeder."""
+import threading
+
+import ml_collections
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from simplified_flax import parallel
+
+
+def test_fsdp_spec_shards_the_largest_divisible_dimension_of_large_leaves():
+  big = parallel.MIN_FSDP_SHARD_SIZE
+  assert parallel.fsdp_spec((256, 128), 1) == P()
+  assert parallel.fsdp_spec((128, 256), 2) == P(None, "fsdp")
+  assert parallel.fsdp_spec((259, 128), 2) == P(None, "fsdp")   # 259 is odd
+  assert parallel.fsdp_spec((big * 2,), 4) == P("fsdp")
+  assert parallel.fsdp_spec((257, 129), 2) == P()                # nothing divides
+  assert parallel.fsdp_spec((768,), 2) == P()                    # small: replicated
+
+
+def _config(mode="jit", fsdp=1, batch_size=8):
+  return ml_collections.ConfigDict({"batch_size": batch_size,
+                                    "parallel": {"mode": mode, "fsdp": fsdp}})
+
+
+def test_placement_rejects_bad_settings():
+  with pytest.raises(ValueError, match="parallel.fsdp=2 needs parallel.mode='jit'"):
+    parallel.Placement.from_config(_config("pmap", 2))
+  with pytest.raises(ValueError, match="parallel.mode='spmd'"):
+    parallel.Placement.from_config(_config("spmd"))
+  with pytest.raises(ValueError, match="parallel.fsdp=3"):
+    parallel.make_mesh(3)
+
+
+def test_pmap_batches_gain_a_device_axis():
+  placement = parallel.Placement.from_config(_config("pmap"))
+  placed = placement.place_batch({"inputs": np.zeros((8, 16), np.int32)})
+  assert placed["inputs"].shape == (1, 8, 16)      # one local CPU device here
+  assert placement.axis_name == parallel.PMAP_AXIS
+
+
+def test_jit_batches_are_global_arrays():
+  placement = parallel.Placement.from_config(_config("jit"))
+  placed = placement.place_batch({"inputs": np.arange(8 * 4).reshape(8, 4)})
+  assert placed["inputs"].shape == (8, 4) and placement.axis_name is None
+  np.testing.assert_array_equal(placed["inputs"], np.arange(32).reshape(8, 4))
+
+
+def test_single_process_needs_no_distributed_start(monkeypatch):
+  for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(var, raising=False)
+  assert parallel.initialize_distributed() is False
+
+
+def test_prefetcher_keeps_order_and_tags():
+  source = (({"x": i}, {"drawn": i + 1}) for i in range(5))
+  feeder = parallel.Prefetcher(source, lambda b: b["x"] * 10, size=2)
+  assert list(feeder) == [(i * 10, {"drawn": i + 1}) for i in range(5)]
+  feeder.close()
+
+
+def test_prefetcher_reraises_source_errors_and_stops():
+  def source():
+    yield {"x": 1}, None
+    raise RuntimeError("corpus vanished")
+
+  feeder = parallel.Prefetcher(source(), lambda b: b, size=1)
+  assert next(feeder)[0] == {"x": 1}
+  with pytest.raises(RuntimeError, match="corpus vanished"):
+    next(feeder)
+  feeder.close()
+  infinite = parallel.Prefetcher((({"x": 0}, None) for _ in iter(int, 1)), lambda b: b, 1)
+  next(infinite)
+  infinite.close()
+  assert not any(t.name == "prefetch" and t.is_alive() for t in threading.enumerate())
