@@ -1,0 +1,148 @@
+"""A sequence classifier / regressor on the pretrained encoder, for GLUE fine-tuning.
+
+    model = Classifier(encoder=build_model(config.model), num_outputs=3, dropout_rate=0.1)
+    outputs_BK = model.apply(variables, tokens_BT, key_mask=key_mask_BT, train=False)
+    encoder_params, encoder_constants, step = load_pretrained_encoder(workdir, config)
+    state = with_pretrained_encoder(state, encoder_params, encoder_constants)
+
+The encoder is the MLM model itself (a submodule named "encoder", so its parameters and fixed
+anchors keep their pretraining tree and load unchanged); its tied MLM head is computed but
+unused, and XLA removes it from the compiled step. The head reads the encoder's final
+LayerNorm output, mean-pooled over the real tokens (`key_mask`), then pooler Dense(D) + tanh,
+dropout, Dense(K): K = number of classes, or 1 for regression.
+"""
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from simplified_flax import checkpoint, layers
+from simplified_flax.train_step import create_train_state, param_shapes
+
+FINAL_NORM = "ln_f"   # name of the encoder's final LayerNorm (models.Transformer)
+
+
+def final_norm_output(run_encoder) -> jax.Array:
+  """Calls `run_encoder()` and returns what its final LayerNorm produced, [B, T, D].
+
+  A method interceptor sees every submodule call; keeping the one from `ln_f` reads the
+  hidden states the MLM head reads, without changing the encoder module.
+  """
+  captured = []
+
+  def keep_final_norm(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if (context.method_name == "__call__" and isinstance(context.module, nn.LayerNorm)
+        and context.module.name == FINAL_NORM):
+      captured.append(out)
+    return out
+
+  with nn.intercept_methods(keep_final_norm):
+    run_encoder()
+  if len(captured) != 1:
+    raise ValueError(f"The encoder called its final LayerNorm '{FINAL_NORM}' "
+                     f"{len(captured)} times; the classifier needs exactly one.")
+  return captured[0]
+
+
+def masked_mean_BD(x_BTD: jax.Array, key_mask_BT: jax.Array | None) -> jax.Array:
+  """Mean over the real tokens of each row (all tokens without a mask), float32 [B, D]."""
+  x_BTD = x_BTD.astype(jnp.float32)
+  if key_mask_BT is None:
+    return x_BTD.mean(axis=1)
+  w_BT1 = key_mask_BT.astype(jnp.float32)[..., None]
+  return (x_BTD * w_BT1).sum(axis=1) / jnp.maximum(w_BT1.sum(axis=1), 1.0)
+
+
+class PooledHead(nn.Module):
+  """[B, T, D] hidden states -> [B, K] float32 outputs (mean pool, pooler, dropout, out)."""
+  num_outputs: int
+  dropout_rate: float
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BTD, key_mask_BT=None, *, train: bool = False):
+    init = layers.normal_init(layers.PLAIN_STD)
+    pooled_BD = masked_mean_BD(x_BTD, key_mask_BT).astype(self.dtype)
+    h_BD = jnp.tanh(nn.Dense(x_BTD.shape[-1], dtype=self.dtype, kernel_init=init,
+                             name="pooler")(pooled_BD))
+    h_BD = nn.Dropout(self.dropout_rate, deterministic=not train)(h_BD)
+    out_BK = nn.Dense(self.num_outputs, dtype=self.dtype, kernel_init=init, name="output")(h_BD)
+    return out_BK.astype(jnp.float32)
+
+
+class Classifier(nn.Module):
+  """Encoder trunk + PooledHead; called like the encoder, returns [B, K] float32."""
+  encoder: nn.Module           # models.Transformer with causal=False
+  num_outputs: int
+  dropout_rate: float
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False):
+    x_BTD = final_norm_output(lambda: self.encoder(
+        tokens_BT, segment_ids=segment_ids, key_mask=key_mask, train=train))
+    return PooledHead(self.num_outputs, self.dropout_rate, self.dtype, name="head")(
+        x_BTD, key_mask, train=train)
+
+
+# ------------------------------------------------------------------------------------------
+# Task losses and predictions (K = 1 means regression).
+# ------------------------------------------------------------------------------------------
+def task_loss_B(outputs_BK: jax.Array, labels_B: jax.Array, regression: bool) -> jax.Array:
+  """float32[B]: squared error (regression) or softmax cross-entropy (classification)."""
+  if regression:
+    return jnp.square(outputs_BK[:, 0] - labels_B.astype(jnp.float32))
+  log_probs_BK = jax.nn.log_softmax(outputs_BK.astype(jnp.float32), axis=-1)
+  return -jnp.take_along_axis(log_probs_BK, labels_B.astype(jnp.int32)[:, None], axis=-1)[:, 0]
+
+
+def predictions_B(outputs_BK: jax.Array, regression: bool) -> jax.Array:
+  """The predicted score (regression) or class id (classification) of each row."""
+  return outputs_BK[:, 0] if regression else jnp.argmax(outputs_BK, axis=-1)
+
+
+# ------------------------------------------------------------------------------------------
+# Pretrained weights.
+# ------------------------------------------------------------------------------------------
+def load_pretrained_encoder(workdir: str, config) -> tuple[Any, Any, int]:
+  """(params, constants, step) of the latest good checkpoint of a training run in `workdir`.
+
+  `config` is the pretraining config (model shapes, optimiser); a checkpoint whose config
+  changes parameter shapes raises checkpoint.IncompatibleCheckpointError naming the fields.
+  """
+  abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                        abstract)
+  manager = checkpoint.make_manager(workdir, config.max_to_keep, config.checkpoint_every_steps,
+                                    async_save=False)
+  try:
+    restored = checkpoint.restore_latest(manager, target, config.to_dict(), param_shapes,
+                                         workdir, set_aside=False)   # never edit the source run
+  finally:
+    manager.close()
+  if restored is None:
+    raise FileNotFoundError(f"No restorable checkpoint under {workdir}/checkpoints: pretrain "
+                            f"first (python -m simplified_flax.train --workdir={workdir} ...).")
+  state = jax.tree.unflatten(jax.tree.structure(abstract), jax.tree.leaves(restored.state))
+  return state.params, state.constants, restored.step
+
+
+def with_pretrained_encoder(state, encoder_params, encoder_constants):
+  """`state` (of a Classifier) with its encoder's params and constants replaced.
+
+  The optimiser state is re-initialised: fine-tuning starts from fresh AdamW moments.
+  """
+  params = {**state.params, "encoder": encoder_params}
+  constants = {name: {**tree, "encoder": encoder_constants[name]}
+               for name, tree in state.constants.items()}
+  for new, old, what in ((params, state.params, "parameters"),
+                         (constants, state.constants, "constants")):
+    new_shapes = jax.tree.map(jnp.shape, new)
+    if new_shapes != jax.tree.map(jnp.shape, old):
+      raise ValueError(f"The pretrained encoder's {what} do not fit the classifier's encoder: "
+                       f"fine-tune with the pretraining run's config.")
+  return state.replace(params=params, constants=constants, opt_state=state.tx.init(params))
+

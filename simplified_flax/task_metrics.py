@@ -1,0 +1,99 @@
+"""GLUE task metrics as pure numpy functions of (predictions, labels).
+
+    accuracy(pred_N, label_N)           fraction equal
+    f1(pred_N, label_N)                 F1 of the positive class 1 (MRPC, QQP)
+    matthews_corr(pred_N, label_N)      Matthews correlation, multi-class form (CoLA)
+    pearson(pred_N, label_N)            Pearson correlation (STS-B)
+    spearman(pred_N, label_N)           Pearson correlation of average ranks (STS-B)
+
+Degenerate inputs (a constant vector, no positive predictions or labels) give 0.0 instead of
+NaN, the convention of the GLUE scripts (scikit-learn / scipy would warn and return 0 or NaN):
+an untrained classifier that predicts one class must still produce a finite score.
+"""
+from typing import Callable
+
+import numpy as np
+
+MetricFn = Callable[[np.ndarray, np.ndarray], float]
+
+
+def accuracy(pred_N, label_N) -> float:
+  pred_N, label_N = _pair(pred_N, label_N)
+  return float(np.mean(pred_N == label_N))
+
+
+def f1(pred_N, label_N, positive: int = 1) -> float:
+  """2 TP / (2 TP + FP + FN) for class `positive`; 0.0 when that class never occurs."""
+  pred_N, label_N = _pair(pred_N, label_N)
+  tp = np.sum((pred_N == positive) & (label_N == positive))
+  fp = np.sum((pred_N == positive) & (label_N != positive))
+  fn = np.sum((pred_N != positive) & (label_N == positive))
+  denominator = 2 * tp + fp + fn
+  return float(2 * tp / denominator) if denominator else 0.0
+
+
+def matthews_corr(pred_N, label_N) -> float:
+  """(c s - sum_k p_k t_k) / sqrt((s^2 - sum p_k^2)(s^2 - sum t_k^2)) over the confusion matrix.
+
+  c: correct, s: samples, p_k / t_k: times class k is predicted / true. For two classes this
+  is (TP TN - FP FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)).
+  """
+  pred_N, label_N = _pair(pred_N, label_N)
+  classes, inverse = np.unique(np.concatenate([pred_N, label_N]), return_inverse=True)
+  n = len(pred_N)
+  pred_ids, label_ids = inverse[:n], inverse[n:]
+  predicted_K = np.bincount(pred_ids, minlength=len(classes)).astype(np.float64)
+  true_K = np.bincount(label_ids, minlength=len(classes)).astype(np.float64)
+  correct = float(np.sum(pred_ids == label_ids))
+  covariance = correct * n - predicted_K @ true_K
+  scale = np.sqrt((n * n - predicted_K @ predicted_K) * (n * n - true_K @ true_K))
+  return float(covariance / scale) if scale else 0.0
+
+
+def pearson(pred_N, label_N) -> float:
+  pred_N, label_N = _pair(pred_N, label_N, dtype=np.float64)
+  pred_N, label_N = pred_N - pred_N.mean(), label_N - label_N.mean()
+  scale = np.sqrt(np.sum(pred_N ** 2) * np.sum(label_N ** 2))
+  return float(np.sum(pred_N * label_N) / scale) if scale else 0.0
+
+
+def average_ranks(x_N) -> np.ndarray:
+  """Ranks 1..N of `x_N`; tied values share the mean of their ranks (scipy's 'average')."""
+  x_N = np.asarray(x_N)
+  order_N = np.argsort(x_N, kind="stable")
+  sorted_N = x_N[order_N]
+  # Each run of equal values gets the mean of the ordinal ranks it spans.
+  run_starts = np.flatnonzero(np.r_[True, sorted_N[1:] != sorted_N[:-1]])
+  run_ends = np.r_[run_starts[1:], len(x_N)]
+  run_ranks = (run_starts + 1 + run_ends) / 2.0
+  ranks_sorted_N = np.repeat(run_ranks, run_ends - run_starts)
+  ranks_N = np.empty(len(x_N), np.float64)
+  ranks_N[order_N] = ranks_sorted_N
+  return ranks_N
+
+
+def spearman(pred_N, label_N) -> float:
+  pred_N, label_N = _pair(pred_N, label_N, dtype=np.float64)
+  return pearson(average_ranks(pred_N), average_ranks(label_N))
+
+
+METRICS: dict[str, MetricFn] = {
+    "accuracy": accuracy, "f1": f1, "matthews_corr": matthews_corr, "pearson": pearson,
+    "spearman": spearman,
+}
+
+
+def compute(names, pred_N, label_N) -> dict[str, float]:
+  """{name: METRICS[name](pred_N, label_N)} for every name in `names`."""
+  unknown = [n for n in names if n not in METRICS]
+  if unknown:
+    raise ValueError(f"Unknown task metric(s) {unknown}; known: {sorted(METRICS)}.")
+  return {name: METRICS[name](pred_N, label_N) for name in names}
+
+
+def _pair(a_N, b_N, dtype=None) -> tuple[np.ndarray, np.ndarray]:
+  a_N, b_N = np.asarray(a_N, dtype=dtype).reshape(-1), np.asarray(b_N, dtype=dtype).reshape(-1)
+  if a_N.shape != b_N.shape or a_N.size == 0:
+    raise ValueError(f"Predictions {a_N.shape} and labels {b_N.shape} must be equal, non-empty "
+                     f"vectors.")
+  return a_N, b_N
