@@ -16,7 +16,8 @@ Two exact forms:
 
 Layout: q [B, Tq, H, Dh], k and v [B, Tk, H, Dh] (that of `jax.nn.dot_product_attention`);
 per-head gains [H]. Queries sit at absolute positions `query_offset .. query_offset + Tq - 1`
-of the key sequence (Tq == Tk and offset 0 in training). Packed `segment_ids` must be
+of the key sequence (Tq == Tk and offset 0 in training); a [B] offset gives each row its own
+(a KV cache whose rows hold sequences of different lengths). Packed `segment_ids` must be
 contiguous runs (as sequence packing produces); they index the key sequence, [B, Tk].
 """
 from typing import Literal
@@ -30,18 +31,23 @@ IMPLS = ("explicit", "fused")
 
 # ----------------------------------------------------------------------------- masks and C
 
+def query_positions(num_queries: int, query_offset=0) -> jax.Array:
+  """Absolute position of each query in the key sequence: [Tq], or [B, Tq] for a [B] offset."""
+  return jnp.arange(num_queries) + jnp.asarray(query_offset)[..., None]
+
+
 def attention_mask(num_queries: int, num_keys: int, *, causal: bool, query_offset=0,
                    key_mask=None, segment_ids=None) -> jax.Array:
   """Boolean [B or 1, 1, Tq, Tk]: True where query i may attend to key j."""
-  q_pos = jnp.arange(num_queries)[:, None] + query_offset
-  k_pos = jnp.arange(num_keys)[None, :]
+  k_pos = jnp.arange(num_keys)
   mask_BHQK = jnp.ones((1, 1, num_queries, num_keys), bool)
   if causal:
-    mask_BHQK = mask_BHQK & (k_pos <= q_pos)[None, None]
+    causal_QK = k_pos <= query_positions(num_queries, query_offset)[..., None]   # or [B, Tq, Tk]
+    mask_BHQK = mask_BHQK & causal_QK[..., None, :, :]
   if key_mask is not None:
     mask_BHQK = mask_BHQK & key_mask[:, None, None, :]
   if segment_ids is not None:
-    q_seg_BQ = jax.lax.dynamic_slice_in_dim(segment_ids, query_offset, num_queries, axis=1)
+    q_seg_BQ = _take_queries(segment_ids, num_queries, query_offset)
     mask_BHQK = mask_BHQK & (q_seg_BQ[:, None, :, None] == segment_ids[:, None, None, :])
   return mask_BHQK
 
@@ -74,9 +80,16 @@ def packed_centering_matrix(segment_ids_BT, *, causal: bool, key_mask_BT=None) -
 
 # ------------------------------------------------------------------------------ explicit
 
+def _take_queries(x_BK_, num_queries: int, query_offset):
+  """Rows of x [B, Tk, ...] at the query positions, [B, Tq, ...]."""
+  if jnp.ndim(query_offset) == 0:
+    return jax.lax.dynamic_slice_in_dim(x_BK_, query_offset, num_queries, axis=1)
+  return _gather_time(x_BK_, query_positions(num_queries, query_offset))   # one offset per row
+
+
 def _self_values(v_BKHD, num_queries: int, query_offset):
   """The value at each query's own position: what the identity term I picks."""
-  return jax.lax.dynamic_slice_in_dim(v_BKHD, query_offset, num_queries, axis=1)
+  return _take_queries(v_BKHD, num_queries, query_offset)
 
 
 def attention_logits(q_BQHD, k_BKHD, *, logit_soft_cap=None) -> jax.Array:
@@ -96,8 +109,8 @@ def _explicit(q, k, v, mask, resid_gain, skip_gain, centre_gain, query_offset, l
   shaped_BHQK = _per_head(resid_gain) * probs_BHQK
   if skip_gain is not None:
     Tq, Tk = q.shape[1], k.shape[1]
-    eye_QK = jnp.arange(Tk)[None, :] == (jnp.arange(Tq)[:, None] + query_offset)
-    shaped_BHQK = shaped_BHQK + _per_head(skip_gain) * eye_QK
+    eye_QK = jnp.arange(Tk) == query_positions(Tq, query_offset)[..., None]   # or [B, Tq, Tk]
+    shaped_BHQK = shaped_BHQK + _per_head(skip_gain) * eye_QK[..., None, :, :]
   if centre_gain is not None:
     shaped_BHQK = shaped_BHQK - _per_head(centre_gain) * centering_matrix_from_mask(mask)
   out_BQHD = jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v)
@@ -149,13 +162,14 @@ def centred_values(v_BKHD, *, causal: bool, num_queries: int, query_offset=0, ke
     sum_BKHD = sums[flat_ids].reshape(v_BKHD.shape)
     count_BT = counts[flat_ids].reshape(B, T)
   mean_BKHD = sum_BKHD / jnp.maximum(count_BT, 1.0)[:, :, None, None]
-  return jax.lax.dynamic_slice_in_dim(mean_BKHD, query_offset, num_queries, axis=1)
+  return _take_queries(mean_BKHD, num_queries, query_offset)
 
 
 def _fused(q, k, v, *, causal, key_mask, segment_ids, query_offset, resid_gain, skip_gain,
            centre_gain):
   Tq, Tk = q.shape[1], k.shape[1]
-  simple_causal = causal and key_mask is None and segment_ids is None and Tq == Tk
+  simple_causal = (causal and key_mask is None and segment_ids is None and Tq == Tk
+                   and jnp.ndim(query_offset) == 0)
   mask = None
   if not simple_causal and (causal or key_mask is not None or segment_ids is not None):
     mask = attention_mask(Tq, Tk, causal=causal, query_offset=query_offset, key_mask=key_mask,

@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simplified_flax import attention, layers, valproj
+from simplified_flax import attention, kv_cache, layers, valproj
 
 
 def _qk_kernel_init(m):
@@ -27,14 +27,20 @@ def _qk_kernel_init(m):
 
 
 class AttentionSubBlock(nn.Module):
-  """`Proj(merge((resid*A + skip*I - centre*C) Value(x)))` for x [B, T, D] (SPEC §2)."""
+  """`Proj(merge((resid*A + skip*I - centre*C) Value(x)))` for x [B, T, D] (SPEC §2).
+
+  Decoding (`cache_index` [B] given): x holds T new tokens per row at absolute positions
+  cache_index[b] + t, attended against this layer's `cache` collection (see kv_cache.py),
+  of which the first `lengths[b]` are real.
+  """
   cfg: Any     # FrozenConfigDict: the model config
   layer: int
   causal: bool
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x_BTD, anchors: Dict[str, jax.Array], *, key_mask=None, segment_ids=None):
+  def __call__(self, x_BTD, anchors: Dict[str, jax.Array], *, key_mask=None, segment_ids=None,
+               cache_index=None, lengths=None):
     m = self.cfg
     B, T, D = x_BTD.shape
     H = m.n_head
@@ -55,18 +61,42 @@ class AttentionSubBlock(nn.Module):
       skip_H = layers.gain(self, "attn_mat_skip_gain", m.attn_mat_skip_gain, trainable, (H,))
       centre_H = layers.gain(self, "centre_attn_gain", m.centre_attn_gain,
                              trainable and m.centre_attn_gain != 0, (H,))
-    result = attention.shaped_attention(
-        q_BTHd, k_BTHd, v_BTHd, resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
-        causal=self.causal, key_mask=key_mask, segment_ids=segment_ids, impl=m.attention_impl,
-        logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None,
-        return_probs=m.attention_impl == "explicit")
-    if m.attention_impl == "explicit":
-      out_BTHd, probs_BHTT = result
-      self.sow("intermediates", "attn_probs", probs_BHTT)
+    if cache_index is not None:
+      out_BTHd = self._attend_cached(q_BTHd, k_BTHd, v_BTHd, resid_H, skip_H, centre_H,
+                                     cache_index, lengths)
     else:
-      out_BTHd = result
+      result = attention.shaped_attention(
+          q_BTHd, k_BTHd, v_BTHd, resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
+          causal=self.causal, key_mask=key_mask, segment_ids=segment_ids,
+          impl=m.attention_impl, logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None,
+          return_probs=m.attention_impl == "explicit")
+      if m.attention_impl == "explicit":
+        out_BTHd, probs_BHTT = result
+        self.sow("intermediates", "attn_probs", probs_BHTT)
+      else:
+        out_BTHd = result
     return self._linear("proj", valproj.proj_settings(m, self.layer))(
         out_BTHd.reshape(B, T, D), anchors.get("proj"))
+
+  def _attend_cached(self, q_BTHd, k_BTHd, v_BTHd, resid_H, skip_H, centre_H, index_B,
+                     lengths_B):
+    """Attends to the cache and appends the new keys and values (not while initialising)."""
+    m = self.cfg
+    B, T, H, Dh = k_BTHd.shape
+    # Created with the shapes of the init call, whose T is the cache length.
+    shape = kv_cache.cache_shape(B, T, H, Dh)
+    templates = {"keys": (shape, k_BTHd.dtype), "values": (shape, v_BTHd.dtype),
+                 "value_sum": ((B, H, Dh), jnp.float32)}
+    cache = {name: self.variable("cache", name, jnp.zeros, *templates[name])
+             for name in kv_cache.cache_names(m.attention_impl, centre_H is not None)}
+    out_BTHd, new = kv_cache.cached_shaped_attention(
+        q_BTHd, k_BTHd, v_BTHd, {name: var.value for name, var in cache.items()}, index_B,
+        lengths_B, resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
+        impl=m.attention_impl, logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
+    if not self.is_initializing():
+      for name, var in cache.items():
+        var.value = new[name]
+    return out_BTHd
 
   def _linear(self, name: str, s: valproj.LinearSettings) -> layers.ReparamLinear:
     return layers.ReparamLinear(s.resid_gain, s.skip_gain, s.init_type, s.trainable_gains,
@@ -85,7 +115,9 @@ class Block(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x_BTD, anchors, *, key_mask=None, segment_ids=None, train=False):
+  def __call__(self, x_BTD, anchors, *, key_mask=None, segment_ids=None, train=False,
+               cache_index=None, lengths=None):
+    """`cache_index` / `lengths`: decoding against the `cache` collection (AttentionSubBlock)."""
     m = self.cfg
     norm_type = "ln" if (m.norm_type == "none" and self.layer == 0) else m.norm_type
     norm1 = layers.make_norm(norm_type, m.norm_eps, self.dtype, "norm1")
@@ -94,7 +126,8 @@ class Block(nn.Module):
     mlp = layers.MLP(m.mlp_width_mult, m.activation, m.lrelu_neg_slope, m.mlp_proj_init_std,
                      self.dtype, name="mlp")
     drop = nn.Dropout(m.dropout_rate, deterministic=not train)
-    attn_fn = lambda h: drop(attn(h, anchors, key_mask=key_mask, segment_ids=segment_ids))
+    attn_fn = lambda h: drop(attn(h, anchors, key_mask=key_mask, segment_ids=segment_ids,
+                                  cache_index=cache_index, lengths=lengths))
     mlp_fn = lambda h: drop(mlp(h))
 
     attn_resid = layers.gain(self, "attn_block_resid_gain", m.attn_block_resid_gain,

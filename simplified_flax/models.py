@@ -8,6 +8,14 @@
 trained, never decayed, saved with the parameters. Hidden states (per block, "hidden") and
 softmax attention probabilities (explicit path, "attn_probs") are sown into the
 `intermediates` collection: `model.apply(variables, tokens, mutable=["intermediates"])`.
+
+Incremental decoding (decoder only; `simplified_flax.decode` drives it): with `decode=True`
+the model reads and advances a key/value cache in the `cache` collection, created by an init
+call whose T is the cache length. Each row continues from its own cache index, so rows of
+different lengths decode together (kv_cache.py):
+
+    logits_BTV, state = model.apply({**variables, "cache": cache}, tokens_BT, decode=True,
+                                    lengths=lengths_B, mutable=["cache"])
 """
 from typing import Any
 
@@ -36,7 +44,10 @@ class Transformer(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False):
+  def __call__(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False,
+               decode: bool = False, lengths=None):
+    """`lengths` [B] (decode only): how many leading tokens of each row are real (default T);
+    the cache index of row b advances by lengths[b]."""
     m = self.cfg
     B, T = tokens_BT.shape
     if T > m.max_position_embeddings:
@@ -49,21 +60,40 @@ class Transformer(nn.Module):
                    name="wte")
     wpe = nn.Embed(m.max_position_embeddings, m.n_embd, name="wpe",
                    embedding_init=layers.normal_init(layers.PLAIN_STD))
-    positions_BT = (jnp.broadcast_to(jnp.arange(T), (B, T)) if segment_ids is None
-                    else segment_positions(segment_ids))
+    cache_index_B = None
+    if decode:
+      cache_index_B, lengths = self._advance_cache(B, T, lengths, segment_ids, key_mask, train)
+      positions_BT = attention.query_positions(T, cache_index_B)
+    elif segment_ids is None:
+      positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
+    else:
+      positions_BT = segment_positions(segment_ids)
     x_BTD = (wte(tokens_BT) + wpe(positions_BT)).astype(self.dtype)
     x_BTD = nn.Dropout(m.dropout_rate, deterministic=not train)(x_BTD)
 
     for layer in range(m.n_layer):
       x_BTD = block.Block(m, layer, self.causal, self.dtype, name=f"h_{layer}")(
           x_BTD, anchors.get(f"layer_{layer}", {}), key_mask=key_mask, segment_ids=segment_ids,
-          train=train)
+          train=train, cache_index=cache_index_B, lengths=lengths)
       self.sow("intermediates", "hidden", x_BTD)
 
     x_BTD = nn.LayerNorm(epsilon=m.norm_eps, dtype=self.dtype, name="ln_f")(x_BTD)
     # Tied head; float32 logits for a stable softmax cross-entropy.
     return jnp.einsum("btd,vd->btv", x_BTD, wte.embedding.astype(self.dtype),
                       preferred_element_type=jnp.float32)
+
+  def _advance_cache(self, B, T, lengths, segment_ids, key_mask, train):
+    """(cache index [B] where this chunk starts, lengths [B]); moves the index past the chunk."""
+    if not self.causal or segment_ids is not None or key_mask is not None or train:
+      raise ValueError("decode=True is for the causal decoder at inference: no segment_ids, "
+                       "key_mask or train (rows of different lengths use `lengths`).")
+    index = self.variable("cache", "index", jnp.zeros, (B,), jnp.int32)
+    lengths_B = (jnp.full((B,), T, jnp.int32) if lengths is None
+                 else jnp.asarray(lengths, jnp.int32))
+    start_B = index.value
+    if not self.is_initializing():
+      index.value = start_B + lengths_B
+    return start_B, lengths_B
 
 
 def TransformerLM(cfg, dtype=jnp.float32, **kwargs) -> Transformer:

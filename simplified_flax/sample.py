@@ -1,0 +1,144 @@
+"""Sample from a trained decoder: the CLI, and the library calls behind it.
+
+    python -m simplified_flax.sample --workdir=DIR --prompt='def fib(n):' \\
+        [--prompt=...] [--max_new_tokens=N --temperature=0.8 --top_k=0 --top_p=0.95 --seed=0]
+
+restores the latest good checkpoint of a training run's DIR (its `config.json`, its
+`checkpoints/`, and for SentencePiece its `tokenizer.model`), continues every prompt in one
+batch (each stops at the end-of-document token or after max_new_tokens) and prints each prompt
+followed by its continuation. Temperature 0 is greedy decoding.
+
+Read-only: unlike training and evaluation it never cleans up or moves anything in DIR, so it
+is safe to run while a training run is still writing checkpoints there.
+"""
+import os
+import sys
+from typing import Optional, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+from simplified_flax import checkpoint, decode
+from simplified_flax.evaluate import load_config
+from simplified_flax.models import build_model
+from simplified_flax.train_step import create_train_state
+
+
+def restore_variables(workdir: str, config, step: Optional[int] = None):
+  """(variables {"params", "constants"}, step) of the newest intact checkpoint of `workdir`.
+
+  `config` is the run's (`load_config`). A step whose state does not read back or does not
+  match its saved fingerprint is skipped with a warning (and left where it is). `step`
+  restores that step only.
+  """
+  directory = epath.Path(os.path.abspath(workdir)) / checkpoint.CHECKPOINT_DIR
+  if not directory.exists():
+    raise FileNotFoundError(f"{directory} does not exist: is {workdir!r} the --workdir of a "
+                            "training run?")
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)   # Orbax warns that a read-only manager is read-only
+  manager = ocp.CheckpointManager(
+      directory, options=ocp.CheckpointManagerOptions(read_only=True),
+      item_handlers={"state": ocp.StandardCheckpointHandler(),
+                     "meta": ocp.JsonCheckpointHandler()})
+  logging.set_verbosity(verbosity)
+  steps = sorted(manager.all_steps(), reverse=True) if step is None else [step]
+  # The train state's structure (the fingerprint depends on its leaf order), on this one
+  # device whatever mesh the run used.
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                        abstract)
+  try:
+    for s in steps:
+      try:
+        restored = manager.restore(s, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+        state = restored["state"]
+        intact = int(checkpoint.fingerprint(state)) == restored["meta"]["fingerprint"]
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("Skipping checkpoint %s/%s: it does not read back (%r).", directory, s,
+                        e)
+        continue
+      if intact:
+        return {"params": state.params, **state.constants}, s
+      logging.warning("Skipping checkpoint %s/%s: its fingerprint does not match.", directory,
+                      s)
+  finally:
+    manager.close()
+  raise FileNotFoundError(f"No intact checkpoint under {directory}"
+                          + (f" at step {step}." if step is not None else "."))
+
+
+def load_tokenizer(config, workdir: str):
+  """The run's tokenizer: byte, or the SentencePiece model the run saved (never trains one)."""
+  from simplified_flax.data import tokenizers  # pylint: disable=import-outside-toplevel
+
+  def no_training_texts():
+    raise FileNotFoundError(f"{workdir} holds no {tokenizers.TOKENIZER_FILENAME} and the config "
+                            "sets no data.spm_model_path: the run's tokenizer is missing.")
+  return tokenizers.build_tokenizer(config.data, workdir, no_training_texts)
+
+
+def sample_text(model, variables, tokenizer, prompts: Sequence[str], *, max_new_tokens: int,
+                sampling: decode.Sampling, seed: int = 0, pad_multiple: int = 16) -> list[str]:
+  """The continuation of each prompt (decoded text, without the prompt and the eod token)."""
+  encoded = [tokenizer.encode(p) for p in prompts]
+  prompts_BT, lengths_B = decode.pad_prompts(encoded, tokenizer.pad_id, pad_multiple)
+  out = decode.generate(model, variables, prompts_BT, lengths_B, jax.random.key(seed),
+                        max_new_tokens=max_new_tokens, sampling=sampling,
+                        eod_id=tokenizer.eod_id, pad_id=tokenizer.pad_id)
+  tokens_BN, counts_B = jax.device_get((out.tokens, out.num_tokens))
+  return [tokenizer.decode(t for t in row[:n] if t != tokenizer.eod_id)
+          for row, n in zip(tokens_BN, counts_B)]
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  f = flags.FLAGS
+  if not f["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)   # Orbax logs every restore at INFO
+  config = load_config(f.workdir)
+  if config.model.kind != "decoder":
+    raise app.UsageError(f"{f.workdir} holds a {config.model.kind}; sampling needs a decoder.")
+  config.model.attention_impl = f.attention_impl or config.model.attention_impl
+  variables, step = restore_variables(f.workdir, config, f.step)
+  model = build_model(config.model, dtype=f.dtype)
+  tokenizer = load_tokenizer(config, f.workdir)
+  longest_prompt = max(len(tokenizer.encode(p)) for p in f.prompt)
+  context = config.model.context_length
+  max_new_tokens = f.max_new_tokens or max(1, context - longest_prompt)
+  if longest_prompt + max_new_tokens > context:
+    logging.warning("Prompt + max_new_tokens = %d tokens exceeds the training context of %d: "
+                    "positions past it were never trained.", longest_prompt + max_new_tokens,
+                    context)
+  sampling = decode.Sampling(f.temperature, f.top_k, f.top_p)
+  texts = sample_text(model, variables, tokenizer, f.prompt, max_new_tokens=max_new_tokens,
+                      sampling=sampling, seed=f.seed)
+  print(f"# step {step} of {f.workdir}; {sampling}, seed {f.seed}", file=sys.stderr)
+  for prompt, text in zip(f.prompt, texts):
+    print(prompt + text, flush=True)
+    if len(f.prompt) > 1:
+      print("-" * 72)
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("workdir", None, "The --workdir of a training run.", required=True)
+  flags.DEFINE_multi_string("prompt", None, "Text to continue (repeat for a batch).",
+                            required=True)
+  flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate per prompt at most "
+                       "(default: up to the training context, model.context_length).")
+  flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.")
+  flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens; 0: all.")
+  flags.DEFINE_float("top_p", 0.95, "Nucleus sampling mass; 1: off.")
+  flags.DEFINE_integer("seed", 0, "Sampling seed: the same seed gives the same text.")
+  flags.DEFINE_integer("step", None, "Restore this checkpoint step (default: the latest).")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
+  flags.DEFINE_enum("attention_impl", None, ["explicit", "fused"],
+                    "Attention path (default: the run's).")
+  app.run(main)

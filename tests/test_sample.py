@@ -1,0 +1,59 @@
+"""The sampling command's library calls: restore a workdir read-only, continue prompts."""
+import json
+import os
+
+import jax
+import numpy as np
+
+from conftest import tiny_config
+from simplified_flax import checkpoint, decode, sample
+from simplified_flax.data.tokenizers import ByteTokenizer
+from simplified_flax.evaluate import CONFIG_FILE, load_config
+from simplified_flax.models import build_model
+from simplified_flax.train_step import create_train_state
+
+
+def _training_workdir(tmp_path, steps=(1, 2)):
+  """A workdir laid out as training leaves it, with states that differ per step."""
+  config = tiny_config("sas_p", vocab_size=ByteTokenizer.vocab_size)
+  workdir = str(tmp_path)
+  with open(os.path.join(workdir, CONFIG_FILE), "w", encoding="utf-8") as f:
+    json.dump(config.to_dict(), f)
+  manager = checkpoint.make_manager(workdir, max_to_keep=5, save_interval_steps=1)
+  states = {}
+  for step in steps:
+    states[step] = create_train_state(config, jax.random.PRNGKey(step))
+    checkpoint.save(manager, step, states[step], {}, config.to_dict(), {})
+  manager.wait_until_finished()
+  manager.close()
+  return workdir, states
+
+
+def test_restores_the_latest_intact_step_and_skips_a_corrupt_one(tmp_path):
+  workdir, states = _training_workdir(tmp_path)
+  config = load_config(workdir)
+  variables, step = sample.restore_variables(workdir, config)
+  assert step == 2
+  jax.tree.map(np.testing.assert_array_equal, variables["params"], states[2].params)
+
+  meta = os.path.join(workdir, "checkpoints", "2", "meta", "metadata")
+  with open(meta, encoding="utf-8") as f:
+    saved = json.load(f)
+  with open(meta, "w", encoding="utf-8") as f:
+    json.dump(dict(saved, fingerprint=saved["fingerprint"] + 1), f)
+  variables, step = sample.restore_variables(workdir, config)
+  assert step == 1 and os.path.isdir(os.path.join(workdir, "checkpoints", "2"))   # left alone
+  jax.tree.map(np.testing.assert_array_equal, variables["params"], states[1].params)
+
+
+def test_sample_text_continues_each_prompt_and_is_seeded(tmp_path):
+  workdir, _ = _training_workdir(tmp_path, steps=(1,))
+  config = load_config(workdir)
+  variables, _ = sample.restore_variables(workdir, config)
+  model, tokenizer = build_model(config.model), sample.load_tokenizer(config, workdir)
+  prompts = ["def fib(n):", "x"]
+  run = lambda seed: sample.sample_text(model, variables, tokenizer, prompts, max_new_tokens=8,
+                                        sampling=decode.Sampling(top_k=20), seed=seed)
+  texts = run(0)
+  assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+  assert run(0) == texts
