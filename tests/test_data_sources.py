@@ -187,3 +187,27 @@ def _data_config(**overrides):
   config = base.data_config()
   config.update(overrides)
   return config
+
+
+_PREPARE_IN_SUBPROCESS = """
+import sys
+from simplified_flax.data import sources
+builder = sources.PythonCode(config=sources.python_code_config([sys.argv[1]]), data_dir=sys.argv[2])
+sources.prepare(builder)
+print(builder.info.splits["train"].num_examples)
+"""
+
+
+def test_processes_preparing_at_once_wait_for_each_other(tmp_path):
+  """Several processes of one machine (hosts, test workers) may open the same corpus at once."""
+  import subprocess
+  import sys
+  root = _write_python_root(tmp_path / "root")
+  data_dir = tmp_path / "tfds"
+  procs = [subprocess.Popen([sys.executable, "-c", _PREPARE_IN_SUBPROCESS, str(root),
+                             str(data_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) for _ in range(2)]
+  outputs = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+  counts = [out.strip().splitlines()[-1] for out, _ in outputs]
+  assert counts[0] == counts[1] == "29"

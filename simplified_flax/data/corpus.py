@@ -98,7 +98,7 @@ def _tfds_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
     raise DataError(f"data.name: unknown dataset '{name}'. Use 'python_code', 'text_files' or a "
                     f"tensorflow-datasets name (see tfds.list_builders()).{hint}") from None
   try:
-    builder.download_and_prepare()
+    sources.prepare(builder)
   except DataError:
     raise
   except Exception as e:  # tfds surfaces network, disk and checksum failures many ways

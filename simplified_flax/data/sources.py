@@ -15,7 +15,9 @@ config `stdlib-py3XX-<hash>`), which makes a real code corpus available offline 
 A prepared corpus is a snapshot: edit files under a root and you must delete its directory
 (or bump VERSION) to see the change.
 """
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import os
 import sys
@@ -124,7 +126,33 @@ class TextFiles(_LocalCorpusBuilder):
     return local_files.text_documents(self.builder_config.files, self.builder_config.json_key)
 
 
-def prepare(builder: tfds.core.DatasetBuilder) -> None:
-  """Prepares a local corpus once; later calls find it in the data dir and return at once."""
-  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-      try_download_gcs=False))  # nothing of ours is hosted; never touch the network
+@contextlib.contextmanager
+def prepare_lock(data_dir: str):
+  """Serialises preparation of one dataset across processes of this machine (several hosts'
+  processes, pytest workers): the first prepares, the others then find it prepared."""
+  parent = os.path.dirname(data_dir.rstrip("/"))
+  if "://" in data_dir:   # remote storage (gs://): no local lock to take
+    yield
+    return
+  os.makedirs(parent, exist_ok=True)
+  with open(data_dir.rstrip("/") + ".prepare.lock", "w") as lock_file:
+    fcntl.flock(lock_file, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def prepare(builder: tfds.core.DatasetBuilder, **download_kwargs) -> None:
+  """Prepares a dataset once; later calls (in any process) find it and return at once.
+
+  Local corpora never touch the network; `download_kwargs` go to `download_and_prepare`.
+  """
+  if isinstance(builder, _LocalCorpusBuilder):
+    download_kwargs.setdefault("download_config",
+                               tfds.download.DownloadConfig(try_download_gcs=False))
+  with prepare_lock(builder.data_dir):
+    info_file = os.path.join(builder.data_dir, "dataset_info.json")
+    if not builder.info.splits and os.path.exists(info_file):
+      builder.info.read_from_directory(builder.data_dir)   # another process prepared it
+    builder.download_and_prepare(**download_kwargs)
