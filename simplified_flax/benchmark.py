@@ -1,0 +1,300 @@
+"""Training throughput of several configs, measured round-robin in one process (issue 5).
+
+    python -m simplified_flax.benchmark --configs=preln,parallel,sas,sas_p
+    python -m simplified_flax.benchmark --configs=preln,sas,sas_p \
+        --config.model.attention_impl=fused
+    python -m simplified_flax.benchmark --configs=preln --config.model.n_layer=6 \
+        --config.model.n_embd=256 --config.model.n_head=8 --batch_size=16
+
+Configs are variant files of `configs/` (`name` or `name:arg`); every `--config.*` override
+applies to each of them, after the benchmark's own shape: the paper's width (D=768, H=12,
+T=128) with `n_layer=6`, batch 8 and the byte vocabulary (256) so that a run fits a CPU in a
+few minutes. Pass `--config.model.vocab_size=50257` for GPT-2's.
+
+What is timed: `train_step.train_step` (forward, backward, global-norm clipping, AdamW) jitted
+with the state donated, on one fixed batch of random tokens, compiled ahead of time (compile
+seconds are reported apart) and run once before timing. Each round runs `--steps` steps of
+every config in turn and blocks on the result, then times one `jnp.dot` of two [n, n]
+matrices in the compute dtype (`config.dtype`, float32 by default): the matmul peak this
+machine reaches right now. Machine drift therefore hits
+every config and the peak alike; figures are medians over rounds, and the timing ratios in
+the table (`speedup_paired`) are medians over rounds of the ratio within each round, which a
+busy, shared machine disturbs far less than the ratio of two medians.
+
+  * flops_per_token  6 N + 12 L T D: N the matmul weights (every `kernel`, plus the V x D tied
+    head), 12 L T D the attention scores and weighted values, forward and backward, counting
+    the whole T x T square (the causal half is not discounted). Norms, softmax, gains and the
+    optimiser are not counted.
+  * mfu              flops_per_token * tokens/s / measured matmul peak (same dtype); on a GPU
+    or TPU also `mfu_nominal`, against the device's published dense peak.
+  * memory_bytes     XLA's buffers for the step (arguments + temporaries + outputs - donated
+    aliases), per config; plus the process's peak (device `peak_bytes_in_use` where the
+    backend reports it, else the process's peak RSS), which is shared by all configs.
+
+The table goes to the console; the last line of stdout is one JSON object keyed by config.
+"""
+import importlib
+import json
+import os
+import resource
+import statistics
+import time
+from typing import Any, Dict, List
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+from ml_collections import config_flags
+
+import configs
+from simplified_flax import train_step
+
+# The benchmark's shape, applied before the command line's overrides.
+BENCH_SHAPE = {"model.n_layer": 6, "model.n_embd": 768, "model.n_head": 12,
+               "model.context_length": 128, "model.vocab_size": 256}
+
+EMBEDDINGS = ("wte", "wpe")   # left out of the non-embedding count
+
+# Published dense peaks, FLOP/s: (bfloat16, float32 at JAX's default matmul precision).
+NOMINAL_PEAKS = {
+    "TPU v4": (275e12, 275e12), "TPU v5 lite": (197e12, 197e12), "TPU v5p": (459e12, 459e12),
+    "TPU v6 lite": (918e12, 918e12), "A100": (312e12, 156e12), "H100": (989e12, 494e12),
+    "H200": (989e12, 494e12), "L4": (121e12, 60e12),
+}
+
+
+# ----------------------------------------------------------------------------------- setup
+
+def load_config(spec: str, overrides: Dict[str, Any]):
+  """configs/<name>.py (`name` or `name:arg`) with the benchmark shape, then `overrides`."""
+  name, _, arg = spec.partition(":")
+  config = importlib.import_module(f"configs.{name}").get_config(arg)
+  config.update_from_flattened_dict(dict(BENCH_SHAPE, **overrides))
+  return config
+
+
+def random_batch(config, rng) -> Dict[str, Any]:
+  """A decoder batch {"inputs"} or an encoder batch (+ "targets", 15% "weights") [B, T]."""
+  shape = (config.batch_size, config.model.context_length)
+  tokens_BT = jax.random.randint(rng, shape, 0, config.model.vocab_size, jnp.int32)
+  if config.model.kind == "decoder":
+    return {"inputs": tokens_BT}
+  weights_BT = jax.random.bernoulli(jax.random.fold_in(rng, 1), 0.15, shape)
+  return {"inputs": tokens_BT, "targets": tokens_BT, "weights": weights_BT.astype(jnp.float32)}
+
+
+def flops_per_token(config, params) -> Dict[str, int]:
+  """6 N (matmul weights + tied head) + 12 L T D (attention), per trained token."""
+  m = config.model
+  matmul_weights = sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                       if getattr(path[-1], "key", None) == "kernel")
+  head = m.vocab_size * m.n_embd
+  attention = 12 * m.n_layer * m.context_length * m.n_embd
+  return {"matmul_params": matmul_weights + head,
+          "flops_per_token": 6 * (matmul_weights + head) + attention}
+
+
+def parameter_counts(params, constants) -> Dict[str, int]:
+  """As `python -m simplified_flax.params` counts them (that module's flags clash with ours)."""
+  size = lambda tree: sum(leaf.size for leaf in jax.tree.leaves(tree))
+  return {"total": size(params) + size(constants), "trainable": size(params),
+          "non_embedding": size({k: v for k, v in params.items() if k not in EMBEDDINGS})}
+
+
+def memory_bytes(compiled) -> int:
+  """Arguments + temporaries + outputs - donated aliases of a compiled step (XLA's estimate)."""
+  stats = compiled.memory_analysis()
+  if stats is None:
+    return 0
+  return int(stats.argument_size_in_bytes + stats.temp_size_in_bytes +
+             stats.output_size_in_bytes - stats.alias_size_in_bytes)
+
+
+def process_peak_memory() -> Dict[str, Any]:
+  stats = jax.devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    return {"bytes": int(stats["peak_bytes_in_use"]), "source": "device peak_bytes_in_use"}
+  return {"bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+          "source": "process peak RSS"}
+
+
+class Runner:
+  """One config's state, batch and ahead-of-time compiled step."""
+
+  def __init__(self, spec: str, config):
+    self.name, self.config = spec, config
+    self.state = train_step.create_train_state(config, jax.random.PRNGKey(config.seed))
+    self.counts = parameter_counts(self.state.params, self.state.constants)
+    self.batch = random_batch(config, jax.random.PRNGKey(1))
+    self.flops = flops_per_token(config, self.state.params)
+    start = time.perf_counter()
+    self.step = jax.jit(train_step.train_step, donate_argnums=0).lower(
+        self.state, self.batch).compile()
+    self.compile_s = time.perf_counter() - start
+    self.memory = memory_bytes(self.step)
+    cost = self.step.cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost
+    self.xla_flops_per_token = float(cost.get("flops", 0.0)) / self.tokens_per_step
+    self.run(1)   # first execution allocates; never timed
+    self.times: List[float] = []
+
+  @property
+  def tokens_per_step(self) -> int:
+    return self.config.batch_size * self.config.model.context_length
+
+  def run(self, steps: int) -> float:
+    """Seconds per step over `steps` steps, blocking on the last state."""
+    start = time.perf_counter()
+    for _ in range(steps):
+      self.state, metrics = self.step(self.state, self.batch)
+    jax.block_until_ready((self.state, metrics))
+    return (time.perf_counter() - start) / steps
+
+
+def matmul_peak(dtype, n: int):
+  """A callable that times one [n,n]@[n,n] dot and returns FLOP/s (compiled and warm)."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
+  dot = jax.jit(jnp.dot).lower(a, b).compile()
+  dot(a, b).block_until_ready()
+
+  def measure(reps: int = 3) -> float:
+    best = float("inf")
+    for _ in range(reps):
+      start = time.perf_counter()
+      dot(a, b).block_until_ready()
+      best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+  return measure
+
+
+def nominal_peak(dtype_name: str):
+  kind = jax.devices()[0].device_kind
+  for key, (bf16, f32) in NOMINAL_PEAKS.items():
+    if key.lower() in kind.lower():
+      return bf16 if dtype_name in ("bfloat16", "float16") else f32
+  return None
+
+
+# ------------------------------------------------------------------------------- reporting
+
+def summarise(runners: List[Runner], peaks: List[float], nominal) -> Dict[str, Dict[str, Any]]:
+  process = process_peak_memory()
+  peak = statistics.median(peaks)
+  ref_times = runners[0].times
+  results = {}
+  for r in runners:
+    step_s = statistics.median(r.times)
+    # Paired: both steps of a round saw about the same machine load.
+    speedup = statistics.median(a / b for a, b in zip(ref_times, r.times))
+    tokens_per_s = r.tokens_per_step / step_s
+    achieved = r.flops["flops_per_token"] * tokens_per_s
+    results[r.name] = {
+        "params_total": r.counts["total"], "params_trainable": r.counts["trainable"],
+        "params_non_embedding": r.counts["non_embedding"],
+        "step_time_s": step_s, "step_time_min_s": min(r.times),
+        "step_time_rounds_s": r.times, "tokens_per_sec": tokens_per_s,
+        "speedup_paired": speedup,
+        "ratios": {"step_time_s": 1 / speedup, "tokens_per_sec": speedup},
+        "compile_s": r.compile_s, "flops_per_token": r.flops["flops_per_token"],
+        "xla_flops_per_token": r.xla_flops_per_token, "achieved_flops_per_s": achieved,
+        "matmul_peak_flops_per_s": peak, "mfu": achieved / peak,
+        "mfu_nominal": achieved / nominal if nominal else None,
+        "memory_bytes": r.memory, "memory_source": "XLA buffer assignment of the step",
+        "process_peak_memory_bytes": process["bytes"],
+        "process_peak_memory_source": process["source"],
+        "batch_size": r.config.batch_size, "seq_len": r.config.model.context_length,
+        "n_layer": r.config.model.n_layer, "n_embd": r.config.model.n_embd,
+        "vocab_size": r.config.model.vocab_size, "dtype": r.config.dtype,
+        "attention_impl": r.config.model.attention_impl,
+    }
+  return results
+
+
+COLUMNS = (  # (header, key, scale, format)
+    ("params", "params_trainable", 1e-6, "{:.2f}M"),
+    ("non-emb", "params_non_embedding", 1e-6, "{:.2f}M"),
+    ("step", "step_time_s", 1e3, "{:.0f}ms"),
+    ("tokens/s", "tokens_per_sec", 1, "{:.0f}"),
+    ("GFLOP/tok", "flops_per_token", 1e-9, "{:.3f}"),
+    ("MFU", "mfu", 100, "{:.1f}%"),
+    ("memory", "memory_bytes", 2**-20, "{:.0f}MiB"),
+    ("compile", "compile_s", 1, "{:.1f}s"),
+)
+
+
+def table(results: Dict[str, Dict[str, Any]]) -> str:
+  """Every column as `value (ratio to the first config)`; a config's own `ratios` (the paired
+  timing ratios) take precedence over the ratio of the two values."""
+  names = list(results)
+  ref = results[names[0]]
+  rows = [["config"] + [c[0] for c in COLUMNS]]
+  for name in names:
+    row = [name]
+    for _, key, scale, fmt in COLUMNS:
+      value, base = results[name][key], ref[key]
+      ratio = results[name].get("ratios", {}).get(key, value / base if base else None)
+      ratio = "" if ratio is None else f" (x{ratio:.3f})"
+      row.append(fmt.format(value * scale) + ratio)
+    rows.append(row)
+  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+  return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
+
+
+# ------------------------------------------------------------------------------------ main
+
+def define_flags():
+  """The command's flags; defined only when run as a command, so that importing this module
+  (tests) never clashes with another module's `--config`."""
+  return {
+      "configs": flags.DEFINE_list("configs", ["preln", "sas", "sas_p"], "Variant files of "
+                                   "configs/ (name or name:arg); the first is the reference."),
+      "batch_size": flags.DEFINE_integer("batch_size", 8, "Sequences per step."),
+      "steps": flags.DEFINE_integer("steps", 1, "Timed steps of each config per round."),
+      "rounds": flags.DEFINE_integer("rounds", 10, "Rounds over all configs."),
+      "matmul_size": flags.DEFINE_integer("matmul_size", 0, "n of the peak [n,n]@[n,n] dot; "
+                                          "0: 2048 on CPU, 8192 on accelerators."),
+      "xla_flags": flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS before JAX "
+                                       "starts its backend."),
+      "config": config_flags.DEFINE_config_file(
+          "config", os.path.join(os.path.dirname(configs.__file__), "base.py"),
+          "Only its `--config.*` overrides are used: they apply to every benchmarked config."),
+  }
+
+
+def main(argv, flag):
+  del argv
+  if flag["xla_flags"].value:   # read when the first computation starts the backend
+    extra = flag["xla_flags"].value
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {extra}".strip()
+  overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
+  overrides["batch_size"] = flag["batch_size"].value
+  runners = [Runner(spec, load_config(spec, overrides)) for spec in flag["configs"].value]
+  dtype_name = runners[0].config.dtype
+  on_cpu = jax.devices()[0].platform == "cpu"
+  measure_peak = matmul_peak(jnp.dtype(dtype_name),
+                             flag["matmul_size"].value or (2048 if on_cpu else 8192))
+  rounds, steps, peaks = flag["rounds"].value, flag["steps"].value, []
+  for round_index in range(rounds):
+    for r in runners:
+      r.times.append(r.run(steps))
+    peaks.append(measure_peak())
+    print(f"round {round_index + 1}/{rounds}: " + ", ".join(
+        f"{r.name} {1e3 * r.times[-1]:.0f}ms" for r in runners) +
+          f", matmul {peaks[-1] / 1e9:.0f} GFLOP/s", flush=True)
+  results = summarise(runners, peaks, nominal_peak(dtype_name))
+  first = results[runners[0].name]
+  print(f"\n{jax.devices()[0].device_kind} ({jax.device_count()} device(s)), {dtype_name}; "
+        f"B={first['batch_size']} T={first['seq_len']} L={first['n_layer']} "
+        f"D={first['n_embd']} V={first['vocab_size']}; median of {rounds} rounds x "
+        f"{steps} steps; matmul peak {first['matmul_peak_flops_per_s'] / 1e9:.0f} "
+        f"GFLOP/s (median); process peak memory {first['process_peak_memory_bytes'] / 2**20:.0f}"
+        f" MiB ({first['process_peak_memory_source']})")
+  print(table(results))
+  print(json.dumps(results))
+
+
+if __name__ == "__main__":
+  _FLAGS = define_flags()
+  app.run(lambda argv: main(argv, _FLAGS))

@@ -1,0 +1,62 @@
+"""The throughput benchmark's bookkeeping (never its speed): FLOP counts, configs, its output."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from conftest import TINY_MODEL, tiny_config
+from simplified_flax import benchmark, models
+
+REPO = pathlib.Path(__file__).parents[1]
+
+
+def init_params(config):
+  model = models.build_model(config.model)
+  tokens = jax.numpy.zeros((1, config.model.context_length), jax.numpy.int32)
+  return model.init(jax.random.key(0), tokens)["params"]
+
+
+@pytest.mark.parametrize("variant, matmuls_per_layer", [
+    ("preln", 2 + 1 + 1 + 4 + 4),   # W_qk (D x 2D), Value, Proj, MLP in and out (x D^2)
+    ("sas", 2 + 4 + 4),             # no Value / Proj matrices (layer 0's value is added below)
+])
+def test_flops_per_token_is_six_n_plus_attention(variant, matmuls_per_layer):
+  config = tiny_config(variant)
+  m = config.model
+  L, D, T, V = m.n_layer, m.n_embd, m.context_length, m.vocab_size
+  weights = L * matmuls_per_layer * D * D + (D * D if variant == "sas" else 0)
+  counts = benchmark.flops_per_token(config, init_params(config))
+  assert counts["matmul_params"] == weights + V * D
+  assert counts["flops_per_token"] == 6 * (weights + V * D) + 12 * L * T * D
+
+
+def test_load_config_applies_shape_then_overrides():
+  config = benchmark.load_config("sas_p", {"model.n_layer": 3, "batch_size": 4})
+  assert (config.model.n_layer, config.model.n_embd, config.model.n_head) == (3, 768, 12)
+  assert config.model.vocab_size == 256 and config.batch_size == 4
+  assert config.model.parallel_layers   # the variant's own settings survive
+
+
+def test_table_gives_ratios_to_the_first_config():
+  row = {key: 2.0 for _, key, _, _ in benchmark.COLUMNS}
+  text = benchmark.table({"a": row, "b": {key: 3.0 for key in row}})
+  assert "(x1.500)" in text.splitlines()[2] and "(x1.000)" in text.splitlines()[1]
+
+
+@pytest.mark.slow
+def test_command_prints_a_json_line_with_every_config():
+  overrides = [f"--config.model.{k}={v}" for k, v in TINY_MODEL.items()]
+  out = subprocess.run(
+      [sys.executable, "-m", "simplified_flax.benchmark", "--configs=preln,sas_p",
+       "--batch_size=2", "--steps=1", "--rounds=1", "--matmul_size=64", *overrides],
+      capture_output=True, text=True, check=True, cwd=str(REPO)).stdout
+  results = json.loads(out.strip().splitlines()[-1])
+  assert list(results) == ["preln", "sas_p"]
+  for r in results.values():
+    for key in ("params_trainable", "step_time_s", "tokens_per_sec", "mfu"):
+      assert r[key] > 0, key
+    assert r["tokens_per_sec"] * r["step_time_s"] == pytest.approx(2 * TINY_MODEL["context_length"])
+  assert results["sas_p"]["params_trainable"] < results["preln"]["params_trainable"]
