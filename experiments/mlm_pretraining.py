@@ -17,7 +17,6 @@ runs fit in ~30 minutes on a shared 2-core machine; it shows the loss falling an
 variants' relative behaviour early in training, not the paper's numbers.
 """
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -28,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from experiments import report_lib  # pylint: disable=g-import-not-at-top
 from simplified_flax import losses, metrics_io, mlm_metrics, train  # pylint: disable=g-import-not-at-top
 from simplified_flax.data import build_pipeline  # pylint: disable=g-import-not-at-top
 from simplified_flax.models import build_model  # pylint: disable=g-import-not-at-top
@@ -46,17 +46,10 @@ PAPER_GLUE = {"bert_preln": 78.9, "bert_parallel": 78.5, "bert_sas": 78.4, "bert
 
 
 def make_config(variant: str, scale: str, num_train_steps: int | None = None):
-  config = importlib.import_module(f"configs.{variant}").get_config(SCALES[scale]["arg"])
   overrides = dict(SCALES[scale]["overrides"])
   if num_train_steps:
     overrides["num_train_steps"] = num_train_steps
-  for dotted, value in overrides.items():
-    *parents, leaf = dotted.split(".")
-    node = config
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+  return report_lib.make_config(variant, SCALES[scale]["arg"], overrides)
 
 
 def mlm_scores(config, params, constants, batches) -> dict[str, float]:

@@ -5,6 +5,9 @@
     {"step": 50, "loss": 3.21, "learning_rate": 0.001, "grad_norm": 0.8,
      "tokens_per_s": 51200.0, "elapsed_s": 12.5}
     {"step": 250, "eval_loss": 2.9, "eval_perplexity": 18.2}
+    {"step": 500, "kurtosis/layer_0": 0.4, "attn_entropy/layer_0": 2.1, "gain/h_0/...": 0.9}
+
+(the last kind every `config.diagnostics_every` steps: the SPEC §7 diagnostics, per layer.)
 
 On resume, rows after the restored step (written by the run that died) are dropped, so the
 file reads as one uninterrupted run. Only process 0 writes.

@@ -15,6 +15,7 @@ Library use (a notebook needs only the three pure functions; see train_step.py):
 
 or the whole loop: `train_and_evaluate(config, workdir, pipeline=None)`.
 """
+import functools
 import itertools
 import json
 import math
@@ -30,11 +31,12 @@ import numpy as np
 
 from simplified_flax import checkpoint, metrics_io, parallel
 from simplified_flax.evaluate import CONFIG_FILE, run_eval
-from simplified_flax.train_step import (StepSpec, TrainState, create_train_state, eval_step,
-                                        param_shapes, train_step)
+from simplified_flax.models import build_model
+from simplified_flax.train_step import (StepSpec, TrainState, create_train_state,
+                                        diagnostics_step, eval_step, param_shapes, train_step)
 
-__all__ = ["create_train_state", "train_step", "eval_step", "train_and_evaluate", "TrainState",
-           "StepSpec", "NonFiniteLossError"]
+__all__ = ["create_train_state", "train_step", "eval_step", "diagnostics_step",
+           "train_and_evaluate", "TrainState", "StepSpec", "NonFiniteLossError"]
 
 
 # Without logging, metrics are still read (and checked for NaN) at least this often.
@@ -134,6 +136,10 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   # ----------------------------------------------------------------------------------------
   train_fn = placement.compile_step(train_step, abstract_state)
   eval_fn = placement.compile_step(eval_step, abstract_state, returns_state=False)
+  diagnostics_fn = None   # compiled, and dispatched, only when config.diagnostics_every > 0
+  if config.diagnostics_every > 0:
+    diagnostics_fn = placement.compile_step(_diagnostics_step(config, model), abstract_state,
+                                            returns_state=False)
   iterator = pipeline.train_iterator()
   if data_state:
     iterator.set_state(data_state)
@@ -148,6 +154,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   progress = metrics_io.Progress(config.num_train_steps, start_step, tokens_per_step, elapsed)
   stop = _StopRequest(manager)
   pending: list[tuple[int, dict]] = []   # (step, device metrics) not read yet
+  pending_diagnostics: list[tuple[int, dict]] = []   # (step, SPEC §7 scalars) not read yet
   every = lambda s, n: n > 0 and s % n == 0      # n = 0: never (the last step still counts)
   is_log_step = lambda s: every(s, config.log_every_steps) or s == config.num_train_steps
 
@@ -168,6 +175,10 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
                                  "elapsed_s": rates["elapsed_s"]})
         _console(progress.line(s, float(v["loss"]), float(v["learning_rate"]), rates))
     pending.clear()
+    values = placement.host_metrics([m for _, m in pending_diagnostics])
+    for (s, _), v in zip(pending_diagnostics, values):
+      writer.write_scalars(s, v)
+    pending_diagnostics.clear()
 
   step, read_after_dispatch = start_step, False
   try:
@@ -179,6 +190,9 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
         read_pending()
         read_after_dispatch = False
       pending.append((step, metrics))
+      if diagnostics_fn is not None and every(step, config.diagnostics_every):
+        # The state after update `step`, on that update's batch; read after the next dispatch.
+        pending_diagnostics.append((step, diagnostics_fn(state, batch)))
 
       preempted = stop.requested(step)
       last = step == config.num_train_steps
@@ -186,7 +200,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
       eval_now = config.eval_every_steps > 0 and (every(step, config.eval_every_steps) or last)
       if save_now or eval_now:
         read_pending()   # never checkpoint or evaluate past an unchecked loss
-      elif is_log_step(step) or len(pending) >= MAX_UNREAD_STEPS:
+      elif is_log_step(step) or len(pending) >= MAX_UNREAD_STEPS or pending_diagnostics:
         read_after_dispatch = True
       if eval_now:
         with progress.paused():
@@ -204,7 +218,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
       if preempted:
         _console(f"Stop requested: saved the checkpoint of step {step}; exiting.")
         break
-    if pending:
+    if pending or pending_diagnostics:
       read_pending()
   finally:
     feeder.close()
@@ -216,6 +230,18 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
     manager.close()
     writer.close()
   return state
+
+
+def _diagnostics_step(config, model):
+  """`diagnostics_step` on the explicit attention path, whose softmax gives the entropy: a
+  fused config's model is rebuilt as explicit (same parameters). A caller's own `model` is
+  used as it is (no entropy if it sows no probabilities)."""
+  if model is not None or config.model.attention_impl == "explicit":
+    return diagnostics_step
+  explicit = config.model.copy_and_resolve_references()
+  explicit.attention_impl = "explicit"
+  return functools.partial(diagnostics_step,
+                           apply_fn=build_model(explicit, dtype=config.dtype).apply)
 
 
 def _num_params(params) -> int:

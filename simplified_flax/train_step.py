@@ -5,6 +5,7 @@
     for tokens_BT in batches:
       state, metrics = train(state, {"inputs": tokens_BT})         # {"loss", "grad_norm", ...}
     sums = jax.jit(eval_step)(state, batch)                        # {"loss_sum", "weight_sum"}
+    diag = jax.jit(diagnostics_step)(state, batch)                 # SPEC §7 scalars
 
 A decoder batch is {"inputs": int32[B, T]} (+ optional "segment_ids"); an encoder batch adds
 "targets", "weights" (+ optional "key_mask"). Both steps are pure and jittable; under
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from simplified_flax import losses, mlm_metrics, optim, parallel
+from simplified_flax import diagnostics, losses, mlm_metrics, optim, parallel
 from simplified_flax.models import build_model
 
 # Model collections that are outputs of `apply`, never state.
@@ -150,6 +151,23 @@ def eval_step(state: TrainState, batch: dict,
   if axis_name is not None:
     sums = jax.lax.psum(sums, axis_name)
   return sums
+
+
+def diagnostics_step(state: TrainState, batch: dict, axis_name: str | None = None,
+                     apply_fn: Callable | None = None) -> dict[str, jax.Array]:
+  """The SPEC §7 diagnostics of the current parameters on `batch` (one forward pass, no update):
+  `diagnostics.collect` of the sown intermediates, e.g. {"kurtosis/layer_0": f32[], ...}.
+
+  `apply_fn` (default `state.apply_fn`) may be the same model on the explicit attention path,
+  whose softmax probabilities give the attention entropy (the fused path sows none). Under
+  pmap each device reports its own rows (the loop logs the first device's).
+  """
+  del axis_name   # statistics of one device's rows; no collective
+  apply_fn = apply_fn or state.apply_fn
+  _, mutated = apply_fn({"params": state.params, **state.constants}, batch["inputs"],
+                        segment_ids=batch.get("segment_ids"), key_mask=batch.get("key_mask"),
+                        train=False, mutable=["intermediates"])
+  return diagnostics.collect(mutated["intermediates"], state.params)
 
 
 def param_shapes(config_dict: dict) -> dict[str, tuple[int, ...]]:

@@ -1,0 +1,155 @@
+"""The variants at two depths (the paper's 18 vs 72 layers): does each still train when deep?
+
+    python experiments/depth_scaling.py --scale=cpu       # L=2 vs L=8; ~40 min on 2 busy cores
+    python experiments/depth_scaling.py --scale=paper     # L=18 vs L=72, 40K steps: GPU/TPU
+
+Each (variant, depth) trains through the training library in
+`<workdir_root>/<variant>_L<depth>`; a rerun skips finished runs and resumes interrupted ones,
+and `--report_only` reports whatever has finished. `<output>/` gets `report.md`,
+`loss_vs_step_L<depth>.png` and `results.json`.
+
+The MLP branch gain of the shaped-attention variants (SAS, SAS-P, ...) follows the paper's
+O(1/sqrt(L)) rule anchored at its value at 18 layers: gain(L) = gain(18) * sqrt(18 / L)
+(`--no_scale_mlp_gain` keeps the config's value at every depth). Every other setting is the
+config's, the same at both depths.
+"""
+import argparse
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from experiments import report_lib  # pylint: disable=g-import-not-at-top
+
+VARIANTS = ("preln", "sas", "sas_p", "op")
+REFERENCE_DEPTH = 18   # the depth the configs' gains were set for
+SCALES = {
+    "cpu": {"arg": "cpu", "depths": (2, 8), "steps": 200, "log_every": 10, "eval_every": 50,
+            "eval_steps": 8, "overrides": {"model.n_embd": 128, "model.n_head": 4,
+                                           "model.context_length": 128, "batch_size": 16}},
+    "paper": {"arg": "", "depths": (18, 72), "steps": 40_000, "log_every": 50,
+              "eval_every": 1_000, "eval_steps": 20, "overrides": {}},
+}
+
+
+def make_config(scale: str, variant: str, depth: int, scale_mlp_gain: bool = True,
+                steps: int | None = None, extra: dict | None = None):
+  s = SCALES[scale]
+  steps = steps or s["steps"]
+  overrides = dict(s["overrides"], num_train_steps=steps, log_every_steps=s["log_every"],
+                   eval_every_steps=min(s["eval_every"], steps), eval_steps=s["eval_steps"],
+                   checkpoint_every_steps=max(steps // 2, 1))
+  overrides.update({"model.n_layer": depth, **(extra or {})})
+  config = report_lib.make_config(variant, s["arg"], overrides)
+  if scale_mlp_gain and config.model.centre_attn:
+    config.model.mlp_block_resid_gain *= math.sqrt(REFERENCE_DEPTH / depth)
+  return config
+
+
+def report(results, scale, depths, command, missing, output) -> str:
+  r0 = results[0]
+  loss = {(r["variant"], r["depth"]): r["final_eval_loss"] for r in results}
+  rows = []
+  for r in results:
+    ref = loss.get(("preln", r["depth"]))
+    shallow = loss.get((r["variant"], depths[0]))
+    rows.append([f"`{r['variant']}`", r["depth"], f"{r['params']:,}",
+                 f"{r['mlp_block_resid_gain']:.3g}", f"{r['tokens_per_s']:,.0f}",
+                 f"{r['train_s'] / 60:.1f} min", f"{r['final_eval_loss']:.3f}",
+                 f"{r['final_eval_loss'] - ref:+.3f}" if ref is not None and
+                 r["variant"] != "preln" else "-",
+                 f"{r['final_eval_loss'] - shallow:+.3f}" if r["depth"] != depths[0] and
+                 shallow is not None else "-"])
+  lines = [f"# Depth scaling of the decoder variants (`--scale={scale}`)", "",
+           f"Command: `{command}`", "",
+           f"Depths {list(depths)}; D={r0['model']['n_embd']}, H={r0['model']['n_head']}, "
+           f"T={r0['model']['context_length']}, batch {r0['batch_size']}, {r0['steps']} steps, "
+           f"on the embedded corpus (byte tokenizer). Final eval loss: the loop's last "
+           f"evaluation ({r0['eval_steps']} validation batches, the same for every run); one "
+           f"seed per run, so differences below the seed-to-seed spread that "
+           f"`baseline_comparison` measures are noise. Tokens/s: median logged throughput "
+           f"on a shared machine (rough).", ""]
+  lines += report_lib.markdown_table(
+      ["variant", "layers", "params", "MLP gain", "tokens/s", "train time", "final eval loss",
+       "vs Pre-LN (same depth)", f"vs {depths[0]} layers"], rows) + [""]
+  for depth in depths:
+    series = {r["variant"]: r["history"] for r in results if r["depth"] == depth}
+    if series:
+      path = f"loss_vs_step_L{depth}.png"
+      report_lib.plot_curves(series, os.path.join(output, path),
+                             title=f"{depth} layers: train loss (lines), eval loss (dots)")
+      lines += [f"![{depth} layers]({path})", ""]
+  lines += ["The paper (SPEC §6) trains 18 and 72 layers for 40K steps: its simplified blocks "
+            "keep up with Pre-LN at both depths, and SAS(-P) gain more from depth than "
+            "V-SkipInit.", ""]
+  if missing:
+    lines += ["Not finished when the report was written: "
+              + ", ".join(f"`{m}`" for m in missing) + ".", ""]
+  return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+  parser.add_argument("--output", default=None,
+                      help="report folder (default experiments/results/<scale>/depth_scaling)")
+  parser.add_argument("--workdir_root", default=None,
+                      help="training workdirs (default workdirs/depth_scaling_<scale>)")
+  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument("--depths", default=None, help="two comma-separated layer counts "
+                      "(default: the scale's)")
+  parser.add_argument("--num_train_steps", type=int, default=None,
+                      help="override the scale's step count (quick checks)")
+  parser.add_argument("--no_scale_mlp_gain", action="store_true")
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="config override applied to every run (repeatable)")
+  parser.add_argument("--report_only", action="store_true",
+                      help="train nothing: report the runs that have finished")
+  args = parser.parse_args()
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  output = args.output or os.path.join(root, "experiments", "results", args.scale,
+                                       "depth_scaling")
+  workdir_root = args.workdir_root or os.path.join(root, "workdirs",
+                                                   f"depth_scaling_{args.scale}")
+  depths = (tuple(int(d) for d in args.depths.split(",")) if args.depths
+            else SCALES[args.scale]["depths"])
+  os.makedirs(output, exist_ok=True)
+
+  results, missing = [], []
+  for depth in depths:
+    for variant in args.variants.split(","):
+      name = f"{variant}_L{depth}"
+      config = make_config(args.scale, variant, depth, not args.no_scale_mlp_gain,
+                           args.num_train_steps, report_lib.parse_overrides(args.set))
+      workdir = os.path.join(workdir_root, name)
+      if args.report_only and not report_lib.is_finished(workdir, config.num_train_steps):
+        missing.append(name)
+        continue
+      print(f"== {name} ({config.num_train_steps} steps)", flush=True)
+      summary = report_lib.train_run(config, workdir)
+      results.append({**summary, "variant": variant, "depth": depth,
+                      "batch_size": config.batch_size, "eval_steps": config.eval_steps,
+                      "mlp_block_resid_gain": config.model.mlp_block_resid_gain,
+                      "model": config.model.to_dict()})
+      print(f"{name}: final eval loss {summary['final_eval_loss']:.4f}", flush=True)
+  if not results:
+    sys.exit("No finished runs to report.")
+
+  command = f"python experiments/depth_scaling.py --scale={args.scale}" + "".join(
+      f" --{k}={getattr(args, k)}" for k in ("variants", "depths", "num_train_steps")
+      if getattr(args, k) and getattr(args, k) != parser.get_default(k)) + "".join(
+          f" --set={o}" for o in args.set) + (" --no_scale_mlp_gain"
+                                              if args.no_scale_mlp_gain else "")
+  with open(os.path.join(output, "report.md"), "w", encoding="utf-8") as f:
+    f.write(report(results, args.scale, depths, command, missing, output))
+  keep = ("variant", "depth", "steps", "params", "mlp_block_resid_gain", "final_eval_loss",
+          "final_train_loss", "tokens_per_s", "train_s")
+  report_lib.write_json(os.path.join(output, "results.json"),
+                        {"scale": args.scale, "command": command, "missing": missing,
+                         "runs": [{k: r[k] for k in keep} for r in results]})
+  print(f"Wrote {output}/report.md, its plots and results.json")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,182 @@
+"""What every experiment script shares: configs with overrides, a run's summary, plots, tables.
+
+    config = report_lib.make_config("sas_p", "cpu", {"model.n_layer": 4, "num_train_steps": 200})
+    summary = report_lib.train_run(config, workdir)      # resumes; skips a finished run
+    report_lib.plot_curves({"sas_p": summary["history"]}, "loss.png", x="step")
+    report_lib.markdown_table(["variant", "loss"], [["sas_p", "2.31"]])
+
+A run's summary comes from its workdir alone (`config.json` + `metrics.jsonl`), so a report can
+be rebuilt from finished workdirs without training anything.
+"""
+import ast
+import importlib
+import json
+import os
+import statistics
+from typing import Any, Dict, Iterable, List, Mapping, Sequence
+
+import numpy as np
+
+from simplified_flax import metrics_io
+
+
+# ------------------------------------------------------------------------------------ configs
+
+def apply_overrides(config, overrides: Mapping[str, Any]):
+  """Sets dotted fields (`"model.n_layer": 4`) of an ml_collections config in place."""
+  for dotted, value in overrides.items():
+    *parents, leaf = dotted.split(".")
+    node = config
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
+def parse_overrides(pairs: Sequence[str]) -> Dict[str, Any]:
+  """["model.n_layer=2", "data.name='text_files'"] -> {"model.n_layer": 2, ...} (values are
+  Python literals; anything else stays a string). The scripts' `--set` flag."""
+  out = {}
+  for pair in pairs or ():
+    key, sep, text = pair.partition("=")
+    if not sep:
+      raise ValueError(f"--set takes KEY=VALUE, got {pair!r}")
+    try:
+      out[key] = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      out[key] = text
+  return out
+
+
+def make_config(variant: str, arg: str, overrides: Mapping[str, Any]):
+  """`configs/<variant>.py` with switches `arg` (e.g. "cpu"), then `overrides`."""
+  config = importlib.import_module(f"configs.{variant}").get_config(arg)
+  return apply_overrides(config, overrides)
+
+
+# --------------------------------------------------------------------------------- runs
+
+def is_finished(workdir: str, num_train_steps: int) -> bool:
+  """Whether the workdir's history reaches its last step's eval (the loop's final row)."""
+  rows = metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
+  return any(r.get("step") == num_train_steps and "eval_loss" in r for r in rows)
+
+
+def train_run(config, workdir: str) -> Dict[str, Any]:
+  """Trains `config` in `workdir` unless already finished there; returns `summarise(workdir)`."""
+  from simplified_flax import train  # pylint: disable=import-outside-toplevel  (jax: slow)
+  if not is_finished(workdir, config.num_train_steps):
+    train.train_and_evaluate(config, workdir, tensorboard=False)
+  return summarise(workdir)
+
+
+def count_params(config_dict: Mapping[str, Any]) -> int:
+  from simplified_flax import train_step  # pylint: disable=import-outside-toplevel
+  return int(sum(np.prod(s) for s in train_step.param_shapes(dict(config_dict)).values()))
+
+
+def summarise(workdir: str) -> Dict[str, Any]:
+  """Final eval loss, throughput, train time and parameter count of a finished run."""
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    config_dict = json.load(f)
+  history = metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
+  train_rows = [r for r in history if "loss" in r]
+  evals = [r for r in history if "eval_loss" in r]
+  # The first interval holds compilation: left out unless it is the only one.
+  speeds = [r["tokens_per_s"] for r in train_rows[1:]] or [r["tokens_per_s"] for r in train_rows]
+  tail = [r["loss"] for r in train_rows[-5:]]
+  return {
+      "workdir": workdir, "steps": config_dict["num_train_steps"],
+      "params": count_params(config_dict),
+      "final_eval_loss": evals[-1]["eval_loss"] if evals else None,
+      "final_train_loss": float(np.mean(tail)) if tail else None,
+      "tokens_per_s": float(np.median(speeds)) if speeds else None,
+      "train_s": train_rows[-1]["elapsed_s"] if train_rows else None,
+      "history": history,
+  }
+
+
+# ------------------------------------------------------------------------------- numbers
+
+def mean_spread(values: Sequence[float], digits: int = 3) -> str:
+  """"2.345" for one value; "2.345 ± 0.012 (n=2)" with the half-range (n=2) or std (n>2)."""
+  values = [v for v in values if v is not None]
+  if not values:
+    return "-"
+  if len(values) == 1:
+    return f"{values[0]:.{digits}f}"
+  spread = (max(values) - min(values)) / 2 if len(values) == 2 else statistics.stdev(values)
+  return f"{statistics.mean(values):.{digits}f} ± {spread:.{digits}f} (n={len(values)})"
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
+                   align: str | None = None) -> List[str]:
+  """Lines of a markdown table; `align` is one char per column, "l" or "r" (default: l, r...)."""
+  align = align or "l" + "r" * (len(headers) - 1)
+  rule = ["---" if a == "l" else "---:" for a in align]
+  lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(rule) + " |"]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return lines
+
+
+# --------------------------------------------------------------------------------- plots
+
+def _pyplot():
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return plt
+
+
+def plot_curves(series: Mapping[str, Sequence[Mapping[str, float]]], path: str, *,
+                x: str = "step", y: str = "loss", eval_y: str | None = "eval_loss",
+                title: str = "", xlabel: str | None = None,
+                ylabel: str = "cross-entropy (nats / token)", styles: Mapping[str, dict] = None,
+                xscale: str = "linear") -> None:
+  """One line per named history (rows with `x` and `y`), eval rows as markers on the same
+  colour. `styles` maps a name to matplotlib keyword arguments (colour, linestyle)."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for name, history in series.items():
+    style = dict((styles or {}).get(name, {}))
+    rows = [r for r in history if y in r and x in r]
+    line, = ax.plot([r[x] for r in rows], [r[y] for r in rows], label=name, alpha=0.8,
+                    linewidth=1.2, **style)
+    if eval_y:
+      # Eval rows carry no elapsed time: place them at their step's train row.
+      at = {r["step"]: r[x] for r in rows}
+      evals = [(at[r["step"]], r[eval_y]) for r in history if eval_y in r and r["step"] in at]
+      if evals:
+        ax.plot(*zip(*evals), "o", color=line.get_color(), markersize=4)
+  ax.set_xscale(xscale)
+  ax.set_xlabel(xlabel or x)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def plot_bars(values: Mapping[str, float], path: str, *, title: str, ylabel: str,
+              reference: float | None = None) -> None:
+  """A bar per name (e.g. relative throughput), with an optional horizontal reference line."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(8, 4))
+  names = list(values)
+  ax.bar(names, [values[n] for n in names], color="tab:blue", alpha=0.8)
+  if reference is not None:
+    ax.axhline(reference, color="black", linewidth=0.8)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.tick_params(axis="x", rotation=30)
+  ax.grid(alpha=0.3, axis="y")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def write_json(path: str, obj: Any) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=2)

@@ -1,0 +1,140 @@
+"""The experiment scripts: their plans, configs and reports (fast), and one tiny end-to-end run
+of each training experiment, resumed (slow)."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from test_train_loop import REPO, subprocess_env, write_corpus
+
+sys.path.insert(0, str(REPO))
+from experiments import baseline_comparison, depth_scaling, report_lib, throughput  # pylint: disable=wrong-import-position
+
+
+# ------------------------------------------------------------------------------- report_lib
+
+def test_parse_overrides_reads_literals_and_keeps_other_text():
+  assert report_lib.parse_overrides(["model.n_layer=2", "data.name=text_files",
+                                     "optimizer.learning_rate=3e-4", "data.paths=/a/*.txt"]) == {
+      "model.n_layer": 2, "data.name": "text_files", "optimizer.learning_rate": 3e-4,
+      "data.paths": "/a/*.txt"}
+  with pytest.raises(ValueError, match="KEY=VALUE"):
+    report_lib.parse_overrides(["model.n_layer"])
+
+
+def test_mean_spread_and_markdown_table():
+  assert report_lib.mean_spread([2.0]) == "2.000"
+  assert report_lib.mean_spread([2.0, 2.1]) == "2.050 ± 0.050 (n=2)"
+  assert report_lib.mean_spread([]) == "-"
+  assert report_lib.markdown_table(["a", "b"], [[1, 2]]) == ["| a | b |", "| --- | ---: |",
+                                                             "| 1 | 2 |"]
+
+
+# ---------------------------------------------------------------------------- the scripts
+
+def test_baseline_plan_runs_every_variant_first_then_seeds_then_longer_budgets():
+  runs = baseline_comparison.plan("cpu", baseline_comparison.VARIANTS, (1, 4))
+  assert runs[:8] == [(v, 1, 0) for v in baseline_comparison.VARIANTS]
+  assert runs[8:10] == [("preln", 1, 1), ("sas_p", 1, 1)]
+  assert runs[10:] == [("preln", 4, 0), ("sas_p", 4, 0), ("sas", 4, 0), ("parallel", 4, 0),
+                       ("op", 4, 0), ("value_skipinit", 4, 0), ("sas_p_nonorm", 4, 0)]
+  config = baseline_comparison.make_config("cpu", "sas_p", 4, 1, 200)
+  assert (config.num_train_steps, config.seed, config.model.n_layer) == (800, 1, 4)
+
+
+def _fake_run(variant, budget, seed, loss):
+  history = [{"step": s, "loss": loss + 1 / s, "elapsed_s": float(s), "tokens_per_s": 1000.0,
+              "learning_rate": 1e-3, "grad_norm": 1.0} for s in (10, 20, 30)]
+  history.append({"step": 30, "eval_loss": loss})
+  return {"variant": variant, "budget": budget, "seed": seed, "steps": 30 * budget,
+          "params": 900 if variant == "preln" else 800, "final_eval_loss": loss,
+          "final_train_loss": loss, "tokens_per_s": 1000.0, "train_s": 60.0,
+          "history": history, "base_steps": 30, "batch_size": 4, "learning_rate": 1e-3,
+          "eval_steps": 2, "model": {"n_layer": 2, "n_embd": 32, "n_head": 2,
+                                     "context_length": 16}}
+
+
+def test_baseline_report_states_the_gap_and_its_trend(tmp_path):
+  results = [_fake_run("preln", 1, 0, 2.0), _fake_run("preln", 1, 1, 2.1),
+             _fake_run("sas_p", 1, 0, 2.3), _fake_run("preln", 4, 0, 1.5),
+             _fake_run("sas_p", 4, 0, 1.6)]
+  text = baseline_comparison.report(results, "cpu", (1, 4), "cmd", ["sas_x4_s0"], str(tmp_path))
+  assert "2.050 ± 0.050 (n=2)" in text
+  assert "| `sas_p` | +0.250 | +0.100 | narrows |" in text
+  assert "`sas_x4_s0`" in text
+  assert {p.name for p in tmp_path.iterdir()} == {
+      "loss_vs_step_x1.png", "loss_vs_time_x1.png", "loss_vs_step_x4.png",
+      "loss_vs_time_x4.png", "gap_to_preln.png"}
+
+
+def test_depth_scaling_scales_the_mlp_gain_of_shaped_attention_only():
+  deep = depth_scaling.make_config("cpu", "sas", 72)
+  assert deep.model.mlp_block_resid_gain == pytest.approx(0.05)
+  assert depth_scaling.make_config("cpu", "sas", 72, scale_mlp_gain=False
+                                   ).model.mlp_block_resid_gain == pytest.approx(0.1)
+  assert depth_scaling.make_config("cpu", "preln", 72).model.mlp_block_resid_gain == 1.0
+
+
+def test_throughput_report_from_benchmark_json(tmp_path):
+  def bench(tokens_per_sec, params):
+    return {"tokens_per_sec": tokens_per_sec, "params_trainable": params, "step_time_s": 0.1,
+            "mfu": 0.2, "memory_bytes": 2**20, "batch_size": 8, "seq_len": 128, "n_layer": 6,
+            "n_embd": 768, "vocab_size": 256, "dtype": "float32",
+            "attention_impl": "explicit", "matmul_peak_flops_per_s": 1e11}
+  text = throughput.report({"preln": bench(1000.0, 100), "sas_p": bench(1200.0, 88)}, "cpu",
+                           "cmd", str(tmp_path))
+  assert "| `sas_p` | 88 | 0.880 | 100 ms | 1,200 | 1.20 | 1.16 |" in text
+  assert (tmp_path / "throughput.png").exists()
+  command = throughput.benchmark_command("paper", ["preln", "sas"], "fused", {})
+  assert "--configs=preln,sas" in command and "--config.model.n_layer=18" in command
+  assert "--config.model.attention_impl=fused" in command
+
+
+# ---------------------------------------------------------------------------- end to end
+
+TINY_SETS = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.context_length=16",
+             "batch_size=4", "eval_steps=1"]
+
+
+def _script(name, args, tmp_path, data):
+  sets = [f"--set={s}" for s in TINY_SETS] + [f"--set={k}={v}" for k, v in data.items()]
+  return subprocess.run(
+      [sys.executable, f"experiments/{name}.py", f"--output={tmp_path / 'out'}",
+       f"--workdir_root={tmp_path / 'work'}", *args, *sets], cwd=REPO,
+      env=subprocess_env(), capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.mark.slow
+def test_baseline_comparison_end_to_end_then_resumes_without_training(tmp_path):
+  data = write_corpus(tmp_path / "corpus")
+  args = ["--variants=preln,sas_p", "--budgets=1", "--base_steps=3"]
+  first = _script("baseline_comparison", args, tmp_path, data)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert first.stdout.count("Model:") == 4          # two variants x two seeds
+  result = json.loads((tmp_path / "out" / "results.json").read_text())
+  assert [(r["variant"], r["seed"]) for r in result["runs"]] == [
+      ("preln", 0), ("sas_p", 0), ("preln", 1), ("sas_p", 1)]
+  assert all(r["steps"] == 3 and r["final_eval_loss"] > 0 for r in result["runs"])
+  report = (tmp_path / "out" / "report.md").read_text()
+  assert "## Budget 1x: 3 steps" in report and "(n=2)" in report
+  assert os.path.exists(tmp_path / "out" / "loss_vs_time_x1.png")
+
+  again = _script("baseline_comparison", args, tmp_path, data)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "Model:" not in again.stdout               # every run was finished: nothing trains
+
+
+@pytest.mark.slow
+def test_depth_scaling_report_only_lists_unfinished_runs(tmp_path):
+  data = write_corpus(tmp_path / "corpus")
+  done = _script("depth_scaling", ["--variants=sas_p", "--depths=1", "--num_train_steps=2"],
+                 tmp_path, data)
+  assert done.returncode == 0, done.stderr[-3000:]
+  partial = _script("depth_scaling", ["--variants=sas_p", "--depths=1,2",
+                                      "--num_train_steps=2", "--report_only"], tmp_path, data)
+  assert partial.returncode == 0, partial.stderr[-3000:]
+  report = pathlib.Path(tmp_path / "out" / "report.md").read_text()
+  assert "| `sas_p` | 1 |" in report and "`sas_p_L2`" in report
