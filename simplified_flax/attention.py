@@ -20,6 +20,7 @@ of the key sequence (Tq == Tk and offset 0 in training); a [B] offset gives each
 (a KV cache whose rows hold sequences of different lengths). Packed `segment_ids` must be
 contiguous runs (as sequence packing produces); they index the key sequence, [B, Tk].
 """
+import functools
 from typing import Literal
 
 import jax
@@ -105,21 +106,80 @@ def attention_logits(q_BQHD, k_BKHD, *, logit_soft_cap=None) -> jax.Array:
 def _explicit(q, k, v, mask, resid_gain, skip_gain, centre_gain, query_offset, logit_soft_cap):
   logits_BHQK = attention_logits(q, k, logit_soft_cap=logit_soft_cap)
   logits_BHQK = jnp.where(mask, logits_BHQK, jnp.finfo(jnp.float32).min)
-  probs_BHQK = jax.nn.softmax(logits_BHQK, axis=-1)
-  shaped_BHQK = _per_head(resid_gain) * probs_BHQK
-  if skip_gain is not None:
-    Tq, Tk = q.shape[1], k.shape[1]
-    eye_QK = jnp.arange(Tk) == query_positions(Tq, query_offset)[..., None]   # or [B, Tq, Tk]
-    shaped_BHQK = shaped_BHQK + _per_head(skip_gain) * eye_QK[..., None, :, :]
-  if centre_gain is not None:
-    shaped_BHQK = shaped_BHQK - _per_head(centre_gain) * centering_matrix_from_mask(mask)
+  Tq, Tk, H = q.shape[1], k.shape[1], q.shape[2]
+  eye_QK = jnp.arange(Tk) == query_positions(Tq, query_offset)[..., None]   # or [B, Tq, Tk]
+  shaped_BHQK, probs_BHQK = _shape_softmax(
+      logits_BHQK, _head_vector(resid_gain, H), _head_vector(skip_gain, H),
+      _head_vector(centre_gain, H), eye_QK[..., None, :, :].astype(jnp.float32),
+      centering_matrix_from_mask(mask), skip_gain is not None, centre_gain is not None)
   out_BQHD = jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v)
   return out_BQHD, probs_BHQK
 
 
+def _head_vector(gain, num_heads: int) -> jax.Array:
+  """A gain (scalar or [H]; None for an absent term) as a float32 [H] vector."""
+  if gain is None:
+    return jnp.zeros((num_heads,), jnp.float32)
+  return jnp.broadcast_to(jnp.asarray(gain, jnp.float32).reshape(-1), (num_heads,))
+
+
 def _per_head(gain_H):
-  """Gains [H] (or scalars) broadcast against [B, H, Tq, Tk]."""
-  return jnp.asarray(gain_H, jnp.float32).reshape(-1, 1, 1)
+  """Gains [H] broadcast against [B, H, Tq, Tk]."""
+  return gain_H.reshape(-1, 1, 1)
+
+
+def _shape_softmax_forward(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK, has_skip,
+                           has_centre):
+  probs_BHQK = jax.nn.softmax(logits_BHQK, axis=-1)
+  shaped_BHQK = _per_head(resid_H) * probs_BHQK
+  if has_skip:
+    shaped_BHQK = shaped_BHQK + _per_head(skip_H) * eye_QK
+  if has_centre:
+    shaped_BHQK = shaped_BHQK - _per_head(centre_H) * centre_QK
+  return shaped_BHQK, probs_BHQK
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _shape_softmax(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK, has_skip,
+                   has_centre):
+  """(resid * softmax(logits) + skip * I - centre * C, softmax(logits)), both [B, H, Tq, Tk].
+
+  The hand-written VJP exists for speed, not for different values: autodiff reduces the
+  per-head gain gradients over the (B, Tq, Tk) axes of a [B, H, Tq, Tk] product, which XLA:CPU
+  lowers to a strided loop costing several percent of a SAS step. Here every gain gradient is
+  first a last-axis (row) sum, and the softmax backward reuses the same row sums. `eye_QK` and
+  `centre_QK` broadcast against the logits ([Tq, Tk], [1, 1, Tq, Tk] or [B, 1, Tq, Tk]).
+  """
+  return _shape_softmax_forward(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK,
+                                has_skip, has_centre)
+
+
+def _shape_softmax_fwd(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK, has_skip,
+                       has_centre):
+  out = _shape_softmax_forward(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK,
+                               has_skip, has_centre)
+  return out, (out[1], resid_H, eye_QK, centre_QK)
+
+
+def _shape_softmax_bwd(has_skip, has_centre, residuals, cotangents):
+  probs_BHQK, resid_H, eye_QK, centre_QK = residuals
+  d_shaped_BHQK, d_probs_BHQK = cotangents
+  head_total = lambda rows_BHQ: jnp.sum(rows_BHQ, axis=(0, 2))
+  shaped_rows_BHQ = jnp.sum(d_shaped_BHQK * probs_BHQK, axis=-1)
+  # Softmax backward of the total probability cotangent resid * dS + dP, rows shared with dr.
+  d_probs_total_BHQK = _per_head(resid_H) * d_shaped_BHQK + d_probs_BHQK
+  rows_BHQ = resid_H[:, None] * shaped_rows_BHQ + jnp.sum(d_probs_BHQK * probs_BHQK, axis=-1)
+  d_logits_BHQK = probs_BHQK * (d_probs_total_BHQK - rows_BHQ[..., None])
+  d_resid_H = head_total(shaped_rows_BHQ)
+  d_skip_H = (head_total(jnp.sum(d_shaped_BHQK * eye_QK, axis=-1)) if has_skip
+              else jnp.zeros_like(resid_H))
+  d_centre_H = (-head_total(jnp.sum(d_shaped_BHQK * centre_QK, axis=-1)) if has_centre
+                else jnp.zeros_like(resid_H))
+  return (d_logits_BHQK, d_resid_H, d_skip_H, d_centre_H, jnp.zeros_like(eye_QK),
+          jnp.zeros_like(centre_QK))
+
+
+_shape_softmax.defvjp(_shape_softmax_fwd, _shape_softmax_bwd)
 
 
 # ------------------------------------------------------------------------------- fused

@@ -3,7 +3,7 @@
 Every variant of the papers is this block with different settings (configs/), never a
 separate class.
 """
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import flax.linen as nn
 import jax
@@ -44,8 +44,8 @@ class AttentionSubBlock(nn.Module):
     m = self.cfg
     B, T, D = x_BTD.shape
     H = m.n_head
-    qk_BT2D = nn.Dense(2 * D, use_bias=True, dtype=self.dtype, name="c_attn",
-                       kernel_init=_qk_kernel_init(m))(x_BTD)
+    qk_BT2D = layers.Linear(2 * D, use_bias=True, kernel_init=_qk_kernel_init(m),
+                            dtype=self.dtype, name="c_attn")(x_BTD)
     q_BTD, k_BTD = jnp.split(qk_BT2D, 2, axis=-1)
     v_BTD = self._linear("value", valproj.value_settings(m, self.layer))(
         x_BTD, anchors.get("value"))

@@ -1,0 +1,39 @@
+"""Layers whose gradients are hand-written for speed keep nn.Dense's values and gradients."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from simplified_flax import layers
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_linear_matches_nn_dense_params_values_and_gradients(use_bias):
+  x_BTD = jax.random.normal(jax.random.key(0), (2, 5, 8))
+  ours = layers.Linear(12, use_bias=use_bias)
+  theirs = nn.Dense(12, use_bias=use_bias, kernel_init=layers.normal_init(layers.PLAIN_STD))
+  params = ours.init(jax.random.key(1), x_BTD)
+  assert jax.tree.map(jnp.shape, params) == jax.tree.map(
+      jnp.shape, theirs.init(jax.random.key(1), x_BTD))
+  params = jax.tree.map(lambda p: p + jax.random.normal(jax.random.key(2), p.shape), params)
+
+  def loss(module):
+    return lambda p, x: jnp.sum(jnp.tanh(module.apply(p, x)) ** 2)
+
+  np.testing.assert_allclose(ours.apply(params, x_BTD), theirs.apply(params, x_BTD), rtol=1e-6)
+  got = jax.grad(loss(ours), argnums=(0, 1))(params, x_BTD)
+  want = jax.grad(loss(theirs), argnums=(0, 1))(params, x_BTD)
+  for g_got, g_want in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g_got, g_want, rtol=1e-5, atol=1e-6)
+
+
+def test_linear_in_bfloat16_keeps_float32_kernel_gradients():
+  x_BTD = jax.random.normal(jax.random.key(0), (2, 5, 8))
+  module = layers.Linear(4, dtype=jnp.bfloat16)
+  params = module.init(jax.random.key(1), x_BTD)
+  assert module.apply(params, x_BTD).dtype == jnp.bfloat16
+  grads = jax.grad(lambda p: jnp.sum(module.apply(p, x_BTD).astype(jnp.float32)))(params)
+  assert grads["params"]["kernel"].dtype == jnp.float32
+  np.testing.assert_allclose(grads["params"]["kernel"],
+                             jnp.broadcast_to(x_BTD.sum((0, 1))[:, None], (8, 4)), rtol=2e-2)
