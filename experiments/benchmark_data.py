@@ -9,7 +9,6 @@ forward + backward + AdamW step of the config's model on this machine, and their
 target is a ratio of at least 10: the pipeline must never be what a run waits on.
 """
 import argparse
-import importlib
 import os
 import sys
 import tempfile
@@ -18,13 +17,8 @@ import time
 # Run as a script from anywhere: the repository root holds `configs` and `simplified_flax`.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import configs  # pylint: disable=g-import-not-at-top
 from simplified_flax.data import build_pipeline  # pylint: disable=g-import-not-at-top
-
-
-def load_config(spec: str):
-  """'preln:cpu' -> configs/preln.py get_config('cpu')."""
-  module, _, arg = spec.partition(":")
-  return importlib.import_module(f"configs.{module}").get_config(arg)
 
 
 def pipeline_tokens_per_second(pipeline, num_batches: int) -> tuple[float, float]:
@@ -86,7 +80,7 @@ def main() -> None:
   parser.add_argument("--workdir", default=None, help="default: a temporary directory")
   args = parser.parse_args()
 
-  config = load_config(args.config)
+  config = configs.load(args.config)
   workdir = args.workdir or tempfile.mkdtemp(prefix="benchmark_data_")
   start = time.perf_counter()
   pipeline = build_pipeline(config, workdir=workdir, process_index=0, process_count=1)

@@ -9,7 +9,6 @@ whole `decode.generate` call (prefill + loop) after a compiling call, best of `-
 tokens/s counts generated tokens only, all rows together.
 """
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -21,15 +20,10 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
+import configs  # pylint: disable=g-import-not-at-top
 from simplified_flax import decode, models  # pylint: disable=g-import-not-at-top
 
 BYTE_VOCAB = 259
-
-
-def load_config(spec: str):
-  """'sas_p:cpu' -> configs/sas_p.py get_config('cpu')."""
-  module, _, arg = spec.partition(":")
-  return importlib.import_module(f"configs.{module}").get_config(arg)
 
 
 def tokens_per_second(model, variables, batch: int, prompt_len: int, new_tokens: int,
@@ -61,7 +55,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
 
-  config = load_config(args.config)
+  config = configs.load(args.config)
   config.model.vocab_size = BYTE_VOCAB
   m = config.model
   print(f"{args.config}: L={m.n_layer} D={m.n_embd} H={m.n_head} V={BYTE_VOCAB}, prompt "

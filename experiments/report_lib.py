@@ -9,7 +9,6 @@ A run's summary comes from its workdir alone (`config.json` + `metrics.jsonl`), 
 be rebuilt from finished workdirs without training anything.
 """
 import ast
-import importlib
 import json
 import os
 import statistics
@@ -17,21 +16,11 @@ from typing import Any, Dict, Iterable, List, Mapping, Sequence
 
 import numpy as np
 
+import configs
 from simplified_flax import metrics_io
 
 
 # ------------------------------------------------------------------------------------ configs
-
-def apply_overrides(config, overrides: Mapping[str, Any]):
-  """Sets dotted fields (`"model.n_layer": 4`) of an ml_collections config in place."""
-  for dotted, value in overrides.items():
-    *parents, leaf = dotted.split(".")
-    node = config
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
-
 
 def parse_overrides(pairs: Sequence[str]) -> Dict[str, Any]:
   """["model.n_layer=2", "data.name='text_files'"] -> {"model.n_layer": 2, ...} (values are
@@ -49,9 +38,8 @@ def parse_overrides(pairs: Sequence[str]) -> Dict[str, Any]:
 
 
 def make_config(variant: str, arg: str, overrides: Mapping[str, Any]):
-  """`configs/<variant>.py` with switches `arg` (e.g. "cpu"), then `overrides`."""
-  config = importlib.import_module(f"configs.{variant}").get_config(arg)
-  return apply_overrides(config, overrides)
+  """`configs/<variant>.py` with switches `arg` (e.g. "cpu"), then dotted `overrides`."""
+  return configs.load(f"{variant}:{arg}", overrides)
 
 
 # --------------------------------------------------------------------------------- runs

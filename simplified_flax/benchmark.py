@@ -33,7 +33,6 @@ busy, shared machine disturbs far less than the ratio of two medians.
 
 The table goes to the console; the last line of stdout is one JSON object keyed by config.
 """
-import importlib
 import json
 import os
 import resource
@@ -67,10 +66,7 @@ NOMINAL_PEAKS = {
 
 def load_config(spec: str, overrides: Dict[str, Any]):
   """configs/<name>.py (`name` or `name:arg`) with the benchmark shape, then `overrides`."""
-  name, _, arg = spec.partition(":")
-  config = importlib.import_module(f"configs.{name}").get_config(arg)
-  config.update_from_flattened_dict(dict(BENCH_SHAPE, **overrides))
-  return config
+  return configs.load(spec, dict(BENCH_SHAPE, **overrides))
 
 
 def random_batch(config, rng) -> Dict[str, Any]:

@@ -1,7 +1,7 @@
 """Shared fixtures: tiny model configs of every variant."""
-import importlib
-
 import pytest
+
+import configs
 
 DECODER_VARIANTS = ("preln", "parallel", "value_skipinit", "sas", "sas_p", "sas_p_nonorm", "op",
                     "naive_skipless")
@@ -10,7 +10,7 @@ TINY_MODEL = dict(n_layer=2, n_embd=32, n_head=4, context_length=16, vocab_size=
 
 
 def load_config(name: str, arg: str = ""):
-  return importlib.import_module(f"configs.{name}").get_config(arg)
+  return configs.load(f"{name}:{arg}")
 
 
 def tiny_config(name: str, **model_overrides):

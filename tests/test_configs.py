@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import configs
 from conftest import DECODER_VARIANTS, ENCODER_VARIANTS, load_config, tiny_config
 from simplified_flax import config_checks, models, params
 
@@ -132,3 +133,13 @@ def test_params_command_prints_counts():
 def _with_vocab(config):
   config.model.vocab_size = 50_000
   return config
+
+
+def test_load_by_name_applies_dotted_overrides_and_refuses_unknown_fields():
+  config = configs.load("sas_p:cpu", {"model.n_layer": 3, "batch_size": 5})
+  assert (config.model.n_layer, config.batch_size) == (3, 5)
+  assert config.num_train_steps == load_config("sas_p", "cpu").num_train_steps
+  with pytest.raises(KeyError, match="n_layr"):
+    configs.load("sas_p", {"model.n_layr": 3})
+  with pytest.raises(ValueError, match="configs/nonexistent.py"):
+    configs.load("nonexistent")

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import load_config
+import configs
 from simplified_flax import checkpoint, evaluate, metrics_io
 from simplified_flax.train import NonFiniteLossError, train_and_evaluate
 
@@ -43,14 +43,7 @@ def write_corpus(root: pathlib.Path) -> dict:
 
 
 def make_config(overrides: dict, variant: str = "preln"):
-  config = load_config(variant, "cpu")
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+  return configs.load(f"{variant}:cpu", overrides)
 
 
 def cli_args(overrides: dict, variant: str = "preln") -> list[str]:

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import TINY_MODEL, load_config
+import configs
+from conftest import TINY_MODEL
 from simplified_flax import losses
 from simplified_flax.train import create_train_state, eval_step, train_step
 
@@ -12,20 +13,10 @@ B, T, V = 8, 16, 61
 
 
 def _config(variant="preln", arg="", **overrides):
-  config = load_config(variant, arg)
-  config.model.update(TINY_MODEL)
-  config.batch_size = B
-  config.num_train_steps = 100
-  config.optimizer.schedule = "constant"
-  config.optimizer.warmup_steps = 0
-  config.optimizer.learning_rate = 3e-3
-  for key, value in overrides.items():
-    target = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      target = target[p]
-    target[leaf] = value
-  return config
+  tiny = {f"model.{key}": value for key, value in TINY_MODEL.items()}
+  return configs.load(f"{variant}:{arg}", {
+      **tiny, "batch_size": B, "num_train_steps": 100, "optimizer.schedule": "constant",
+      "optimizer.warmup_steps": 0, "optimizer.learning_rate": 3e-3, **overrides})
 
 
 def _tokens(seed=0, rows=B):
