@@ -13,11 +13,10 @@ from typing import Callable, Iterable
 
 from absl import app
 from absl import flags
-from absl import logging
 import jax
 import ml_collections
 
-from simplified_flax import checkpoint, mlm_metrics, parallel
+from simplified_flax import checkpoint, cli, mlm_metrics, parallel
 from simplified_flax.train_step import create_train_state, eval_step, param_shapes
 
 CONFIG_FILE = "config.json"
@@ -78,10 +77,7 @@ def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None) -> dict
 
 
 def main(argv) -> None:
-  del argv
-  f = flags.FLAGS
-  if not f["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)   # Orbax logs every restore at INFO
+  f = cli.start(argv)
   parallel.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
                                   auto=f.distributed)
   result = evaluate(f.workdir, f.eval_steps)

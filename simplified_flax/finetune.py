@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from simplified_flax import classifier, glue, metrics_io, task_metrics
+from simplified_flax import classifier, cli, glue, metrics_io, task_metrics
 from simplified_flax.data import tokenizers
 from simplified_flax.data.errors import DataError
 from simplified_flax.evaluate import load_config
@@ -236,9 +236,7 @@ def _flush(pending: list[tuple[int, dict]], writer) -> list:
 # Command line.
 # ------------------------------------------------------------------------------------------
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  f = flags.FLAGS
+  f = cli.start(argv)
   result = finetune(f.pretrained_workdir, f.task, f.workdir, config=f.config, ft=f.finetune,
                     tensorboard=f.tensorboard)
   print(json.dumps(result), flush=True)

@@ -22,7 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from simplified_flax import checkpoint, decode
+from simplified_flax import checkpoint, cli, decode
 from simplified_flax.evaluate import load_config
 from simplified_flax.models import build_model
 from simplified_flax.train_step import create_train_state
@@ -98,11 +98,7 @@ def sample_text(model, variables, tokenizer, prompts: Sequence[str], *, max_new_
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  f = flags.FLAGS
-  if not f["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)   # Orbax logs every restore at INFO
+  f = cli.start(argv)
   config = load_config(f.workdir)
   if config.model.kind != "decoder":
     raise app.UsageError(f"{f.workdir} holds a {config.model.kind}; sampling needs a decoder.")

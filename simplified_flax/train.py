@@ -25,11 +25,10 @@ import threading
 
 from absl import app
 from absl import flags
-from absl import logging
 import jax
 import numpy as np
 
-from simplified_flax import checkpoint, metrics_io, parallel
+from simplified_flax import checkpoint, cli, metrics_io, parallel
 from simplified_flax.evaluate import CONFIG_FILE, run_eval
 from simplified_flax.models import build_model
 from simplified_flax.train_step import (StepSpec, TrainState, create_train_state,
@@ -252,11 +251,7 @@ def _num_params(params) -> int:
 # Command line.
 # ------------------------------------------------------------------------------------------
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  f = flags.FLAGS
-  if not f["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
+  f = cli.start(argv)
   parallel.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
                                   auto=f.distributed)
   train_and_evaluate(f.config, f.workdir, tensorboard=f.tensorboard)
