@@ -25,3 +25,17 @@ def test_colab_notebook_runs_at_tiny_settings(monkeypatch):
   images = [o for cell in notebook.cells for o in cell.get("outputs", [])
             if "image/png" in o.get("data", {})]
   assert len(images) == 2                   # the loss curves and the gains
+
+
+def test_install_cell_without_a_repository_says_how_to_provide_one(tmp_path, monkeypatch):
+  """Off a checkout, with the package missing and no REPO_URL, the first cell stops with the
+  fix rather than cloning a made-up address."""
+  import importlib.util
+  notebook = nbformat.read(NOTEBOOK, as_version=4)
+  install_cell = notebook.cells[1].source
+  assert 'REPO_URL = ""' in install_cell
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+  with pytest.raises(RuntimeError, match="Set REPO_URL"):
+    exec(compile(install_cell.replace("/content/simplified_flax", str(tmp_path / "absent")),
+                 "install_cell", "exec"), {})
