@@ -51,7 +51,10 @@ def report(results: dict, scale: str, command: str, output: str) -> str:
   first = next(iter(results.values()))
   rows, speeds = [], {}
   for name, r in results.items():
-    speeds[name] = r["tokens_per_sec"] / ref["tokens_per_sec"]
+    # Within-round ratios (the benchmark's `speedup_paired`, relative to its first config)
+    # resist machine drift far better than a ratio of two medians.
+    speeds[name] = (r["speedup_paired"] if ref is first
+                    else r["tokens_per_sec"] / ref["tokens_per_sec"])
     rows.append([f"`{name}`", f"{r['params_trainable']:,}",
                  f"{r['params_trainable'] / ref['params_trainable']:.3f}",
                  f"{1e3 * r['step_time_s']:.0f} ms", f"{r['tokens_per_sec']:,.0f}",
@@ -66,7 +69,8 @@ def report(results: dict, scale: str, command: str, output: str) -> str:
            f"B={first['batch_size']}, T={first['seq_len']}, L={first['n_layer']}, "
            f"D={first['n_embd']}, V={first['vocab_size']}, {first['dtype']}, "
            f"{first['attention_impl']} attention. Median step time over the benchmark's "
-           f"rounds (every variant in turn, so machine drift hits all alike); MFU against the "
+           f"rounds (every variant in turn, so machine drift hits all alike); speed / Pre-LN "
+           f"is the median over rounds of the ratio within a round; MFU against the "
            f"matmul peak measured in the same rounds "
            f"({first['matmul_peak_flops_per_s'] / 1e9:,.0f} GFLOP/s).", ""]
   lines += report_lib.markdown_table(

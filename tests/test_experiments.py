@@ -79,14 +79,16 @@ def test_depth_scaling_scales_the_mlp_gain_of_shaped_attention_only():
 
 
 def test_throughput_report_from_benchmark_json(tmp_path):
-  def bench(tokens_per_sec, params):
+  def bench(tokens_per_sec, params, speedup_paired):
     return {"tokens_per_sec": tokens_per_sec, "params_trainable": params, "step_time_s": 0.1,
+            "speedup_paired": speedup_paired,
             "mfu": 0.2, "memory_bytes": 2**20, "batch_size": 8, "seq_len": 128, "n_layer": 6,
             "n_embd": 768, "vocab_size": 256, "dtype": "float32",
             "attention_impl": "explicit", "matmul_peak_flops_per_s": 1e11}
-  text = throughput.report({"preln": bench(1000.0, 100), "sas_p": bench(1200.0, 88)}, "cpu",
-                           "cmd", str(tmp_path))
-  assert "| `sas_p` | 88 | 0.880 | 100 ms | 1,200 | 1.20 | 1.16 |" in text
+  text = throughput.report({"preln": bench(1000.0, 100, 1.0), "sas_p": bench(1200.0, 88, 1.25)},
+                           "cpu", "cmd", str(tmp_path))
+  # The speed column is the within-round (paired) ratio, not the ratio of median tokens/s.
+  assert "| `sas_p` | 88 | 0.880 | 100 ms | 1,200 | 1.25 | 1.16 |" in text
   assert (tmp_path / "throughput.png").exists()
   command = throughput.benchmark_command("paper", ["preln", "sas"], "fused", {})
   assert "--configs=preln,sas" in command and "--config.model.n_layer=18" in command
