@@ -20,7 +20,6 @@ Scales: `paper` is the paper's shape (L=18, D=768, H=12, T=128, batch 128) at 10
 steps. `cpu` is L=4, D=128, H=4, T=128, batch 16 at 200 and 800 steps: it shows the variants
 early in training on a small model, not the paper's 40K-step numbers.
 """
-import argparse
 import os
 import sys
 
@@ -263,64 +262,35 @@ def report(results, scale, budgets, command, missing, output) -> str:
 # ----------------------------------------------------------------------------------- main
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
-  parser.add_argument("--output", default=None,
-                      help="report folder (default experiments/results/<scale>/"
-                      "baseline_comparison)")
-  parser.add_argument("--workdir_root", default=None,
-                      help="training workdirs (default workdirs/baseline_comparison_<scale>)")
-  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser = report_lib.experiment_parser("baseline_comparison", __doc__, SCALES, VARIANTS)
   parser.add_argument("--budgets", default=None, help="comma-separated multiples of the base "
                       "steps (default: the scale's, 1,4)")
   parser.add_argument("--base_steps", type=int, default=None,
                       help="override the scale's 1x step count (quick checks)")
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="config override applied to every run (repeatable), e.g. "
-                      "--set=model.n_layer=2")
-  parser.add_argument("--report_only", action="store_true",
-                      help="train nothing: report the runs that have finished")
   args = parser.parse_args()
   s = SCALES[args.scale]
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  output = args.output or os.path.join(root, "experiments", "results", args.scale,
-                                       "baseline_comparison")
-  workdir_root = args.workdir_root or os.path.join(root, "workdirs",
-                                                   f"baseline_comparison_{args.scale}")
+  output, workdir_root = report_lib.output_folders(args, "baseline_comparison")
   budgets = tuple(int(b) for b in args.budgets.split(",")) if args.budgets else s["budgets"]
   base_steps = args.base_steps or s["base_steps"]
-  os.makedirs(output, exist_ok=True)
+  extra = report_lib.parse_overrides(args.set)
 
-  results, missing = [], []
-  for variant, budget, seed in plan(args.scale, args.variants.split(","), budgets):
-    name = run_name(variant, budget, seed)
-    config = make_config(args.scale, variant, budget, seed, base_steps,
-                         report_lib.parse_overrides(args.set))
-    workdir = os.path.join(workdir_root, name)
-    if args.report_only and not report_lib.is_finished(workdir, config.num_train_steps):
-      missing.append(name)
-      continue
-    print(f"== {name} ({config.num_train_steps} steps)", flush=True)
-    summary = report_lib.train_run(config, workdir)
-    results.append({**summary, "variant": variant, "budget": budget, "seed": seed,
-                    "base_steps": base_steps, "batch_size": config.batch_size,
-                    "learning_rate": config.optimizer.learning_rate,
-                    "eval_steps": config.eval_steps, "model": config.model.to_dict()})
-    print(f"{name}: final eval loss {summary['final_eval_loss']:.4f}", flush=True)
+  def runs():
+    for variant, budget, seed in plan(args.scale, args.variants.split(","), budgets):
+      config = make_config(args.scale, variant, budget, seed, base_steps, extra)
+      yield (run_name(variant, budget, seed), config,
+             {"variant": variant, "budget": budget, "seed": seed, "base_steps": base_steps,
+              "learning_rate": config.optimizer.learning_rate})
+
+  results, missing = report_lib.train_planned(runs(), workdir_root, args.report_only)
   if not results:
     sys.exit("No finished runs to report.")
-
-  command = f"python experiments/baseline_comparison.py --scale={args.scale}" + "".join(
-      f" --{k}={getattr(args, k)}" for k in ("variants", "budgets", "base_steps")
-      if getattr(args, k) and getattr(args, k) != parser.get_default(k)) + "".join(
-          f" --set={o}" for o in args.set)
-  with open(os.path.join(output, "report.md"), "w", encoding="utf-8") as f:
-    f.write(report(results, args.scale, budgets, command, missing, output))
+  command = report_lib.command_line("baseline_comparison", args, parser,
+                                    ("variants", "budgets", "base_steps"))
   keep = ("variant", "budget", "seed", "steps", "params", "final_eval_loss", "final_train_loss",
           "tokens_per_s", "train_s")
-  report_lib.write_json(os.path.join(output, "results.json"),
-                        {"scale": args.scale, "command": command, "missing": missing,
-                         "runs": [{k: r[k] for k in keep} for r in results]})
+  report_lib.write_report(output, report(results, args.scale, budgets, command, missing, output),
+                          {"scale": args.scale, "command": command, "missing": missing,
+                           "runs": [{k: r[k] for k in keep} for r in results]})
   print(f"Wrote {output}/report.md, its plots and results.json")
 
 

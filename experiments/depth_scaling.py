@@ -13,7 +13,6 @@ O(1/sqrt(L)) rule anchored at its value at 18 layers: gain(L) = gain(18) * sqrt(
 (`--no_scale_mlp_gain` keeps the config's value at every depth). Every other setting is the
 config's, the same at both depths.
 """
-import argparse
 import math
 import os
 import sys
@@ -90,64 +89,38 @@ def report(results, scale, depths, command, missing, output) -> str:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
-  parser.add_argument("--output", default=None,
-                      help="report folder (default experiments/results/<scale>/depth_scaling)")
-  parser.add_argument("--workdir_root", default=None,
-                      help="training workdirs (default workdirs/depth_scaling_<scale>)")
-  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser = report_lib.experiment_parser("depth_scaling", __doc__, SCALES, VARIANTS)
   parser.add_argument("--depths", default=None, help="two comma-separated layer counts "
                       "(default: the scale's)")
   parser.add_argument("--num_train_steps", type=int, default=None,
                       help="override the scale's step count (quick checks)")
   parser.add_argument("--no_scale_mlp_gain", action="store_true")
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="config override applied to every run (repeatable)")
-  parser.add_argument("--report_only", action="store_true",
-                      help="train nothing: report the runs that have finished")
   args = parser.parse_args()
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  output = args.output or os.path.join(root, "experiments", "results", args.scale,
-                                       "depth_scaling")
-  workdir_root = args.workdir_root or os.path.join(root, "workdirs",
-                                                   f"depth_scaling_{args.scale}")
+  output, workdir_root = report_lib.output_folders(args, "depth_scaling")
   depths = (tuple(int(d) for d in args.depths.split(",")) if args.depths
             else SCALES[args.scale]["depths"])
-  os.makedirs(output, exist_ok=True)
+  extra = report_lib.parse_overrides(args.set)
 
-  results, missing = [], []
-  for depth in depths:
-    for variant in args.variants.split(","):
-      name = f"{variant}_L{depth}"
-      config = make_config(args.scale, variant, depth, not args.no_scale_mlp_gain,
-                           args.num_train_steps, report_lib.parse_overrides(args.set))
-      workdir = os.path.join(workdir_root, name)
-      if args.report_only and not report_lib.is_finished(workdir, config.num_train_steps):
-        missing.append(name)
-        continue
-      print(f"== {name} ({config.num_train_steps} steps)", flush=True)
-      summary = report_lib.train_run(config, workdir)
-      results.append({**summary, "variant": variant, "depth": depth,
-                      "batch_size": config.batch_size, "eval_steps": config.eval_steps,
-                      "mlp_block_resid_gain": config.model.mlp_block_resid_gain,
-                      "model": config.model.to_dict()})
-      print(f"{name}: final eval loss {summary['final_eval_loss']:.4f}", flush=True)
+  def runs():
+    for depth in depths:
+      for variant in args.variants.split(","):
+        config = make_config(args.scale, variant, depth, not args.no_scale_mlp_gain,
+                             args.num_train_steps, extra)
+        yield (f"{variant}_L{depth}", config,
+               {"variant": variant, "depth": depth,
+                "mlp_block_resid_gain": config.model.mlp_block_resid_gain})
+
+  results, missing = report_lib.train_planned(runs(), workdir_root, args.report_only)
   if not results:
     sys.exit("No finished runs to report.")
-
-  command = f"python experiments/depth_scaling.py --scale={args.scale}" + "".join(
-      f" --{k}={getattr(args, k)}" for k in ("variants", "depths", "num_train_steps")
-      if getattr(args, k) and getattr(args, k) != parser.get_default(k)) + "".join(
-          f" --set={o}" for o in args.set) + (" --no_scale_mlp_gain"
-                                              if args.no_scale_mlp_gain else "")
-  with open(os.path.join(output, "report.md"), "w", encoding="utf-8") as f:
-    f.write(report(results, args.scale, depths, command, missing, output))
+  command = report_lib.command_line("depth_scaling", args, parser,
+                                    ("variants", "depths", "num_train_steps",
+                                     "no_scale_mlp_gain"))
   keep = ("variant", "depth", "steps", "params", "mlp_block_resid_gain", "final_eval_loss",
           "final_train_loss", "tokens_per_s", "train_s")
-  report_lib.write_json(os.path.join(output, "results.json"),
-                        {"scale": args.scale, "command": command, "missing": missing,
-                         "runs": [{k: r[k] for k in keep} for r in results]})
+  report_lib.write_report(output, report(results, args.scale, depths, command, missing, output),
+                          {"scale": args.scale, "command": command, "missing": missing,
+                           "runs": [{k: r[k] for k in keep} for r in results]})
   print(f"Wrote {output}/report.md, its plots and results.json")
 
 

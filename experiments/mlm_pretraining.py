@@ -16,8 +16,6 @@ Scales: `paper` runs the config files unchanged (16 layers, D=768, batch 128, 40
 runs fit in ~30 minutes on a shared 2-core machine; it shows the loss falling and the
 variants' relative behaviour early in training, not the paper's numbers.
 """
-import argparse
-import json
 import os
 import sys
 
@@ -45,8 +43,9 @@ PAPER_GLUE = {"bert_preln": 78.9, "bert_parallel": 78.5, "bert_sas": 78.4, "bert
               "bert_value_skipinit": 78.0}
 
 
-def make_config(variant: str, scale: str, num_train_steps: int | None = None):
-  overrides = dict(SCALES[scale]["overrides"])
+def make_config(variant: str, scale: str, num_train_steps: int | None = None,
+                extra: dict | None = None):
+  overrides = dict(SCALES[scale]["overrides"], **(extra or {}))
   if num_train_steps:
     overrides["num_train_steps"] = num_train_steps
   return report_lib.make_config(variant, SCALES[scale]["arg"], overrides)
@@ -74,8 +73,8 @@ def mlm_scores(config, params, constants, batches) -> dict[str, float]:
 
 
 def run_variant(variant: str, scale: str, workdir: str, final_eval_batches: int | None,
-                num_train_steps: int | None = None) -> dict:
-  config = make_config(variant, scale, num_train_steps)
+                num_train_steps: int | None = None, extra: dict | None = None) -> dict:
+  config = make_config(variant, scale, num_train_steps, extra)
   final = train.train_and_evaluate(config, workdir, tensorboard=False)
   pipeline = build_pipeline(config, workdir=workdir)
   initial = train.create_train_state(config, jax.random.PRNGKey(config.seed))
@@ -153,41 +152,30 @@ def report(results: list[dict], scale: str, command: str) -> str:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
-  parser.add_argument("--output", default=None,
-                      help="report folder (default experiments/results/<scale>/mlm_pretraining)")
-  parser.add_argument("--workdir_root", default=None,
-                      help="training workdirs (default workdirs/mlm_pretraining_<scale>)")
-  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser = report_lib.experiment_parser("mlm_pretraining", __doc__, SCALES, VARIANTS,
+                                        report_only=False)
   parser.add_argument("--final_eval_batches", type=int, default=None,
                       help="validation batches scored at init and end (default: eval_steps, "
                       "the same batches the training loop's evals use)")
   parser.add_argument("--num_train_steps", type=int, default=None,
                       help="override the scale's step count (quick checks)")
   args = parser.parse_args()
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  output = args.output or os.path.join(root, "experiments", "results", args.scale,
-                                       "mlm_pretraining")
-  workdir_root = args.workdir_root or os.path.join(root, "workdirs",
-                                                   f"mlm_pretraining_{args.scale}")
-  os.makedirs(output, exist_ok=True)
+  output, workdir_root = report_lib.output_folders(args, "mlm_pretraining")
+  extra = report_lib.parse_overrides(args.set)
   results = []
   for variant in args.variants.split(","):
     print(f"== {variant}", flush=True)
     results.append(run_variant(variant, args.scale, os.path.join(workdir_root, variant),
-                               args.final_eval_batches, args.num_train_steps))
+                               args.final_eval_batches, args.num_train_steps, extra))
     r = results[-1]
     print(f"{variant}: MLM loss {r['initial']['mlm_loss']:.3f} -> {r['final']['mlm_loss']:.3f}, "
           f"accuracy {100 * r['final']['mlm_accuracy']:.1f}%", flush=True)
   plot(results, os.path.join(output, "mlm_loss.png"))
-  command = f"python experiments/mlm_pretraining.py --scale={args.scale}" + (
-      f" --num_train_steps={args.num_train_steps}" if args.num_train_steps else "")
-  with open(os.path.join(output, "report.md"), "w", encoding="utf-8") as f:
-    f.write(report(results, args.scale, command))
-  with open(os.path.join(output, "results.json"), "w", encoding="utf-8") as f:
-    json.dump([{k: v for k, v in r.items() if k not in ("history", "workdir")}
-               for r in results], f, indent=2)
+  command = report_lib.command_line("mlm_pretraining", args, parser,
+                                    ("variants", "final_eval_batches", "num_train_steps"))
+  report_lib.write_report(output, report(results, args.scale, command),
+                          [{k: v for k, v in r.items() if k not in ("history", "workdir")}
+                           for r in results])
   print(f"Wrote {output}/report.md, mlm_loss.png, results.json")
 
 

@@ -8,6 +8,7 @@
 A run's summary comes from its workdir alone (`config.json` + `metrics.jsonl`), so a report can
 be rebuilt from finished workdirs without training anything.
 """
+import argparse
 import ast
 import json
 import os
@@ -18,6 +19,8 @@ import numpy as np
 
 import configs
 from simplified_flax import metrics_io
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ------------------------------------------------------------------------------------ configs
@@ -168,3 +171,77 @@ def plot_bars(values: Mapping[str, float], path: str, *, title: str, ylabel: str
 def write_json(path: str, obj: Any) -> None:
   with open(path, "w", encoding="utf-8") as f:
     json.dump(obj, f, indent=2)
+
+
+# ------------------------------------------------------------------------------- scripts
+
+def experiment_parser(experiment: str, doc: str, scales: Iterable[str], variants: Sequence[str],
+                      *, workdirs: bool = True, report_only: bool = True):
+  """The flags every experiment script shares: --scale, --output, --variants, --set and, for
+  scripts that train, --workdir_root and (when they can report unfinished runs) --report_only."""
+  parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+  parser.add_argument("--scale", choices=sorted(scales), default="cpu")
+  parser.add_argument("--output", default=None, help="report folder (default "
+                      f"experiments/results/<scale>/{experiment})")
+  if workdirs:
+    parser.add_argument("--workdir_root", default=None,
+                        help=f"training workdirs (default workdirs/{experiment}_<scale>)")
+  parser.add_argument("--variants", default=",".join(variants))
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="config override applied to every run (repeatable), e.g. "
+                      "--set=model.n_layer=2")
+  if report_only:
+    parser.add_argument("--report_only", action="store_true",
+                        help="train nothing: report the runs that have finished")
+  return parser
+
+
+def output_folders(args, experiment: str) -> tuple[str, str | None]:
+  """(report folder, created if missing; training workdir root or None) of parsed `args`."""
+  output = args.output or os.path.join(REPO_ROOT, "experiments", "results", args.scale,
+                                       experiment)
+  os.makedirs(output, exist_ok=True)
+  workdir_root = None
+  if hasattr(args, "workdir_root"):
+    workdir_root = args.workdir_root or os.path.join(REPO_ROOT, "workdirs",
+                                                     f"{experiment}_{args.scale}")
+  return output, workdir_root
+
+
+def command_line(experiment: str, args, parser, flags: Sequence[str]) -> str:
+  """The command that reproduces this report: the scale, each of `flags` that differs from
+  its default, every --set."""
+  text = f"python experiments/{experiment}.py --scale={args.scale}"
+  for flag in flags:
+    value = getattr(args, flag)
+    if value is True:
+      text += f" --{flag}"
+    elif value and value != parser.get_default(flag):
+      text += f" --{flag}={value}"
+  return text + "".join(f" --set={o}" for o in getattr(args, "set", ()))
+
+
+def train_planned(runs: Iterable[tuple[str, Any, Mapping[str, Any]]], workdir_root: str,
+                  report_only: bool) -> tuple[List[Dict[str, Any]], List[str]]:
+  """Trains (or, with `report_only`, only collects) each (name, config, fields) run in
+  `<workdir_root>/<name>`. Returns (summaries of finished runs with `fields` added, names of
+  runs not finished)."""
+  results, missing = [], []
+  for name, config, fields in runs:
+    workdir = os.path.join(workdir_root, name)
+    if report_only and not is_finished(workdir, config.num_train_steps):
+      missing.append(name)
+      continue
+    print(f"== {name} ({config.num_train_steps} steps)", flush=True)
+    summary = train_run(config, workdir)
+    results.append({**summary, **fields, "batch_size": config.batch_size,
+                    "eval_steps": config.eval_steps, "model": config.model.to_dict()})
+    print(f"{name}: final eval loss {summary['final_eval_loss']:.4f}", flush=True)
+  return results, missing
+
+
+def write_report(output: str, text: str, results: Any) -> None:
+  """`<output>/report.md` and `<output>/results.json`."""
+  with open(os.path.join(output, "report.md"), "w", encoding="utf-8") as f:
+    f.write(text)
+  write_json(os.path.join(output, "results.json"), results)

@@ -9,7 +9,6 @@ JSON into `<output>/report.md`, `throughput.png` (speed relative to Pre-LN, with
 ratios) and `benchmark.json` (the benchmark's raw output). A rerun reuses `benchmark.json`
 when it holds every requested variant (`--force` measures again).
 """
-import argparse
 import json
 import os
 import subprocess
@@ -34,6 +33,24 @@ def benchmark_command(scale: str, variants, attention_impl: str, extra: dict) ->
   return ([sys.executable, "-m", "simplified_flax.benchmark", f"--configs={','.join(variants)}",
            f"--batch_size={s['batch_size']}", f"--steps={s['steps']}",
            f"--rounds={s['rounds']}"] + [f"--config.{k}={v}" for k, v in overrides.items()])
+
+
+def benchmark_settings(command: list[str]) -> list[str]:
+  """The benchmark flags that shape a measurement (all but the list of configs)."""
+  return [arg for arg in command[3:] if not arg.startswith("--configs=")]
+
+
+def reusable_results(raw_path: str, command: list[str], variants) -> dict | None:
+  """The stored benchmark results at `raw_path` if they were measured with the same settings
+  and hold every variant asked for, else None (measure again)."""
+  if not os.path.exists(raw_path):
+    return None
+  with open(raw_path, encoding="utf-8") as f:
+    stored = json.load(f)
+  results = {k: v for k, v in stored.items() if k != "settings"}
+  if stored.get("settings") != benchmark_settings(command) or not set(variants) <= set(results):
+    return None
+  return results
 
 
 def run_benchmark(command: list[str], root: str) -> dict:
@@ -84,39 +101,24 @@ def report(results: dict, scale: str, command: str, output: str) -> str:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
-  parser.add_argument("--output", default=None,
-                      help="report folder (default experiments/results/<scale>/throughput)")
-  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser = report_lib.experiment_parser("throughput", __doc__, SCALES, VARIANTS,
+                                        workdirs=False, report_only=False)
   parser.add_argument("--attention_impl", default="explicit", choices=("explicit", "fused"))
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="benchmark config override (repeatable), e.g. --set=model.n_layer=2")
   parser.add_argument("--force", action="store_true", help="measure even if benchmark.json "
                       "already holds the variants")
   args = parser.parse_args()
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  output = args.output or os.path.join(root, "experiments", "results", args.scale, "throughput")
-  os.makedirs(output, exist_ok=True)
+  output, _ = report_lib.output_folders(args, "throughput")
   variants = args.variants.split(",")
   raw_path = os.path.join(output, "benchmark.json")
-
-  results = None
-  if os.path.exists(raw_path) and not args.force:
-    with open(raw_path, encoding="utf-8") as f:
-      results = json.load(f)
-    if not set(variants) <= set(results):
-      results = None
+  bench_command = benchmark_command(args.scale, variants, args.attention_impl,
+                                    report_lib.parse_overrides(args.set))
+  results = None if args.force else reusable_results(raw_path, bench_command, variants)
   if results is None:
-    command = benchmark_command(args.scale, variants, args.attention_impl,
-                                report_lib.parse_overrides(args.set))
-    print(" ".join(command[1:]), flush=True)
-    results = run_benchmark(command, root)
-    report_lib.write_json(raw_path, results)
+    print(" ".join(bench_command[1:]), flush=True)
+    results = run_benchmark(bench_command, report_lib.REPO_ROOT)
+    report_lib.write_json(raw_path, {"settings": benchmark_settings(bench_command), **results})
   results = {v: results[v] for v in variants}
-  command = f"python experiments/throughput.py --scale={args.scale}" + "".join(
-      f" --{k}={getattr(args, k)}" for k in ("variants", "attention_impl")
-      if getattr(args, k) != parser.get_default(k)) + "".join(f" --set={o}" for o in args.set)
+  command = report_lib.command_line("throughput", args, parser, ("variants", "attention_impl"))
   with open(os.path.join(output, "report.md"), "w", encoding="utf-8") as f:
     f.write(report(results, args.scale, command, output))
   print(f"Wrote {output}/report.md, throughput.png and benchmark.json")

@@ -140,3 +140,18 @@ def test_depth_scaling_report_only_lists_unfinished_runs(tmp_path):
   assert partial.returncode == 0, partial.stderr[-3000:]
   report = pathlib.Path(tmp_path / "out" / "report.md").read_text()
   assert "| `sas_p` | 1 |" in report and "`sas_p_L2`" in report
+
+
+def test_throughput_reuses_stored_results_only_for_the_same_settings(tmp_path):
+  raw = tmp_path / "benchmark.json"
+  explicit = throughput.benchmark_command("cpu", ["preln", "sas"], "explicit", {})
+  raw.write_text(json.dumps({"settings": throughput.benchmark_settings(explicit),
+                             "preln": {"mfu": 0.5}, "sas": {"mfu": 0.4}}))
+  assert throughput.reusable_results(str(raw), explicit, ["sas"]) == {
+      "preln": {"mfu": 0.5}, "sas": {"mfu": 0.4}}
+  assert throughput.reusable_results(str(raw), explicit, ["sas_p"]) is None   # not measured
+  fused = throughput.benchmark_command("cpu", ["preln", "sas"], "fused", {})
+  assert throughput.reusable_results(str(raw), fused, ["sas"]) is None        # other settings
+  deeper = throughput.benchmark_command("cpu", ["preln"], "explicit", {"model.n_layer": 2})
+  assert throughput.reusable_results(str(raw), deeper, ["preln"]) is None
+  assert throughput.reusable_results(str(tmp_path / "absent.json"), explicit, ["sas"]) is None
