@@ -67,6 +67,26 @@ def make_manager(workdir: str, max_to_keep: int, save_interval_steps: int,
                                item_names=ITEMS)
 
 
+def open_read_only(workdir: str) -> ocp.CheckpointManager:
+  """A manager that only reads `<workdir>/checkpoints`, for evaluating, sampling or
+  fine-tuning from a run that may still be training: it creates, deletes and cleans up
+  nothing (a training manager removes temporary directories, which would destroy a step
+  that the running job is writing). Raises FileNotFoundError if there is no such folder."""
+  directory = epath.Path(workdir if "://" in workdir else os.path.abspath(workdir))
+  directory = directory / CHECKPOINT_DIR
+  if not directory.exists():
+    raise FileNotFoundError(f"{directory} does not exist: is {workdir!r} the --workdir of a "
+                            "training run?")
+  options = ocp.CheckpointManagerOptions(read_only=True, create=False,
+                                         cleanup_tmp_directories=False)
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)   # Orbax warns that a read-only manager is read-only
+  try:
+    return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
+  finally:
+    logging.set_verbosity(verbosity)
+
+
 def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_dict: dict,
          meta: dict) -> bool:
   """Starts saving `step` (asynchronously); `meta` gets the state's fingerprint added.
@@ -189,7 +209,7 @@ def check_compatible(saved: dict, new: dict, param_shapes: Callable[[dict], dict
 # ------------------------------------------------------------------------------------------
 def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dict,
                    param_shapes: Callable[[dict], dict], workdir: str,
-                   set_aside: bool = True) -> Restored | None:
+                   set_aside: bool = True, step: int | None = None) -> Restored | None:
   """The newest restorable checkpoint, or None when the workdir has no checkpoint.
 
   `target_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves). Steps that
@@ -197,20 +217,27 @@ def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dic
   found they are set aside (unless `set_aside=False`, for read-only use). When no step is good
   nothing moves and CheckpointError is raised: a run never silently restarts from scratch
   over unreadable checkpoints. A step whose config changes parameter shapes raises
-  `IncompatibleCheckpointError`.
+  `IncompatibleCheckpointError`. `step` restricts the search to that one step. Readers of
+  another job's run pass an `open_read_only` manager and `set_aside=False`.
   """
   manager.reload()
+  steps = sorted(manager.all_steps(), reverse=True)
+  if step is not None:
+    if step not in steps:
+      raise FileNotFoundError(f"No checkpoint step {step} under {manager.directory}; it holds "
+                              f"steps {sorted(steps)}.")
+    steps = [step]
   bad: list[tuple[int, str]] = []
-  for step in sorted(manager.all_steps(), reverse=True):
-    why, restored = _try_restore(manager, step, target_state, new_config, param_shapes)
+  for s in steps:
+    why, restored = _try_restore(manager, s, target_state, new_config, param_shapes)
     if why is not None:
       logging.error("Checkpoint %s/%d is truncated or corrupt: %s. Trying the previous one.",
-                    manager.directory, step, why)
-      bad.append((step, why))
+                    manager.directory, s, why)
+      bad.append((s, why))
       continue
     for bad_step, bad_why in bad if set_aside else ():
       _set_aside(manager, bad_step, workdir, bad_why)
-    logging.info("Restored checkpoint %s/%d.", manager.directory, step)
+    logging.info("Restored checkpoint %s/%d.", manager.directory, s)
     return restored
   if bad:
     raise CheckpointError(

@@ -17,8 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simplified_flax import checkpoint, layers
-from simplified_flax.train_step import create_train_state, param_shapes
+from simplified_flax import layers
+from simplified_flax.evaluate import restore_read_only
 
 FINAL_NORM = "ln_f"   # name of the encoder's final LayerNorm (models.Transformer)
 
@@ -112,22 +112,8 @@ def load_pretrained_encoder(workdir: str, config) -> tuple[Any, Any, int]:
   `config` is the pretraining config (model shapes, optimiser); a checkpoint whose config
   changes parameter shapes raises checkpoint.IncompatibleCheckpointError naming the fields.
   """
-  abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                        abstract)
-  manager = checkpoint.make_manager(workdir, config.max_to_keep, config.checkpoint_every_steps,
-                                    async_save=False)
-  try:
-    restored = checkpoint.restore_latest(manager, target, config.to_dict(), param_shapes,
-                                         workdir, set_aside=False)   # never edit the source run
-  finally:
-    manager.close()
-  if restored is None:
-    raise FileNotFoundError(f"No restorable checkpoint under {workdir}/checkpoints: pretrain "
-                            f"first (python -m simplified_flax.train --workdir={workdir} ...).")
-  state = jax.tree.unflatten(jax.tree.structure(abstract), jax.tree.leaves(restored.state))
-  return state.params, state.constants, restored.step
+  restored = restore_read_only(workdir, config)   # never edits the source run
+  return restored.state.params, restored.state.constants, restored.step
 
 
 def with_pretrained_encoder(state, encoder_params, encoder_constants):

@@ -54,6 +54,32 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(json.load(f))
 
 
+def restore_read_only(workdir: str, config, target=None, step: int | None = None):
+  """checkpoint.Restored: the newest intact checkpoint of `workdir` (or `step`), read without
+  creating, cleaning up or moving anything, so the run may still be training.
+
+  `config` is the run's config (`load_config`); its parameter shapes must match the saved
+  ones. `target` gives the state's shardings (default: everything on this process's first
+  device). Raises FileNotFoundError when there is no checkpoint and CheckpointError when none
+  reads back intact.
+  """
+  abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
+  if target is None:
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                          abstract)
+  manager = checkpoint.open_read_only(workdir)
+  try:
+    restored = checkpoint.restore_latest(manager, target, config.to_dict(), param_shapes,
+                                         workdir, set_aside=False, step=step)
+  finally:
+    manager.close()
+  if restored is None:
+    raise FileNotFoundError(f"No checkpoint under {workdir}/checkpoints yet: train first "
+                            f"(python -m simplified_flax.train --workdir={workdir} ...).")
+  return restored
+
+
 def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None) -> dict:
   """Restores the latest good checkpoint of `workdir` and evaluates it on the eval split."""
   config = load_config(workdir)
@@ -63,12 +89,7 @@ def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None) -> dict
   placement = parallel.Placement.from_config(config)
   abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(config.seed)))
   target = placement.restore_target(abstract)
-  manager = checkpoint.make_manager(workdir, config.max_to_keep, config.checkpoint_every_steps)
-  restored = checkpoint.restore_latest(manager, target, config.to_dict(), param_shapes, workdir,
-                                       set_aside=False)
-  manager.close()
-  if restored is None:
-    raise FileNotFoundError(f"No restorable checkpoint under {workdir}/checkpoints.")
+  restored = restore_read_only(workdir, config, target)
   state = placement.shard_state(restored.state) if placement.mode == "pmap" else restored.state
   eval_fn = placement.compile_step(eval_step, abstract, returns_state=False)
   result = run_eval(eval_fn, state, pipeline.eval_batches(eval_steps or config.eval_steps),

@@ -8,10 +8,9 @@ restores the latest good checkpoint of a training run's DIR (its `config.json`, 
 batch (each stops at the end-of-document token or after max_new_tokens) and prints each prompt
 followed by its continuation. Temperature 0 is greedy decoding.
 
-Read-only: unlike training and evaluation it never cleans up or moves anything in DIR, so it
-is safe to run while a training run is still writing checkpoints there.
+Read-only (like evaluation and loading a pretrained encoder): it never creates, cleans up or
+moves anything in DIR, so it is safe to run while a training run is still writing there.
 """
-import os
 import sys
 from typing import Optional, Sequence
 
@@ -19,59 +18,22 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-import orbax.checkpoint as ocp
-from etils import epath
 
-from simplified_flax import checkpoint, cli, decode
-from simplified_flax.evaluate import load_config
+from simplified_flax import cli, decode
+from simplified_flax.evaluate import load_config, restore_read_only
 from simplified_flax.models import build_model
-from simplified_flax.train_step import create_train_state
 
 
 def restore_variables(workdir: str, config, step: Optional[int] = None):
   """(variables {"params", "constants"}, step) of the newest intact checkpoint of `workdir`.
 
-  `config` is the run's (`load_config`). A step whose state does not read back or does not
-  match its saved fingerprint is skipped with a warning (and left where it is). `step`
-  restores that step only.
+  `config` is the run's (`load_config`). A step that does not read back or does not match its
+  saved fingerprint is skipped with an error logged (and left where it is); nothing in the
+  workdir is created or removed, so the run may still be training. `step` restores that step
+  only.
   """
-  directory = epath.Path(os.path.abspath(workdir)) / checkpoint.CHECKPOINT_DIR
-  if not directory.exists():
-    raise FileNotFoundError(f"{directory} does not exist: is {workdir!r} the --workdir of a "
-                            "training run?")
-  verbosity = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)   # Orbax warns that a read-only manager is read-only
-  manager = ocp.CheckpointManager(
-      directory, options=ocp.CheckpointManagerOptions(read_only=True),
-      item_handlers={"state": ocp.StandardCheckpointHandler(),
-                     "meta": ocp.JsonCheckpointHandler()})
-  logging.set_verbosity(verbosity)
-  steps = sorted(manager.all_steps(), reverse=True) if step is None else [step]
-  # The train state's structure (the fingerprint depends on its leaf order), on this one
-  # device whatever mesh the run used.
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
-  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                        abstract)
-  try:
-    for s in steps:
-      try:
-        restored = manager.restore(s, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-        state = restored["state"]
-        intact = int(checkpoint.fingerprint(state)) == restored["meta"]["fingerprint"]
-      except Exception as e:  # pylint: disable=broad-except
-        logging.warning("Skipping checkpoint %s/%s: it does not read back (%r).", directory, s,
-                        e)
-        continue
-      if intact:
-        return {"params": state.params, **state.constants}, s
-      logging.warning("Skipping checkpoint %s/%s: its fingerprint does not match.", directory,
-                      s)
-  finally:
-    manager.close()
-  raise FileNotFoundError(f"No intact checkpoint under {directory}"
-                          + (f" at step {step}." if step is not None else "."))
+  restored = restore_read_only(workdir, config, step=step)
+  return {"params": restored.state.params, **restored.state.constants}, restored.step
 
 
 def load_tokenizer(config, workdir: str):

@@ -4,11 +4,12 @@ import os
 
 import jax
 import numpy as np
+import pytest
 
 from conftest import tiny_config
 from simplified_flax import checkpoint, decode, sample
 from simplified_flax.data.tokenizers import ByteTokenizer
-from simplified_flax.evaluate import CONFIG_FILE, load_config
+from simplified_flax.evaluate import CONFIG_FILE, load_config, restore_read_only
 from simplified_flax.models import build_model
 from simplified_flax.train_step import create_train_state
 
@@ -57,3 +58,34 @@ def test_sample_text_continues_each_prompt_and_is_seeded(tmp_path):
   texts = run(0)
   assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
   assert run(0) == texts
+
+
+def test_reading_leaves_a_step_being_written_and_a_bad_step_alone(tmp_path):
+  """Evaluating or sampling while training writes a step: Orbax's temporary folder of that
+  step must survive (a training manager would clean it up), and nothing moves or appears."""
+  workdir, states = _training_workdir(tmp_path)
+  in_progress = os.path.join(workdir, "checkpoints", "3.orbax-checkpoint-tmp-1795950000000000")
+  os.makedirs(os.path.join(in_progress, "state"))
+  with open(os.path.join(workdir, "checkpoints", "2", "meta", "metadata"), "w",
+            encoding="utf-8") as f:
+    f.write("{truncated")
+  before = sorted(os.listdir(workdir)), sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+  restored = restore_read_only(workdir, load_config(workdir))
+  assert restored.step == 1
+  jax.tree.map(np.testing.assert_array_equal, restored.state.params, states[1].params)
+  after = sorted(os.listdir(workdir)), sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+  assert after == before and os.path.isdir(in_progress)
+
+
+def test_reading_a_workdir_without_checkpoints_says_what_to_do(tmp_path):
+  with pytest.raises(FileNotFoundError, match="--workdir of a training run"):
+    restore_read_only(str(tmp_path), tiny_config("sas_p"))
+  os.makedirs(tmp_path / "checkpoints")
+  with pytest.raises(FileNotFoundError, match="train first"):
+    restore_read_only(str(tmp_path), tiny_config("sas_p"))
+
+
+def test_reading_a_step_that_does_not_exist_lists_the_steps(tmp_path):
+  workdir, _ = _training_workdir(tmp_path)
+  with pytest.raises(FileNotFoundError, match=r"No checkpoint step 7 .* steps \[1, 2\]"):
+    restore_read_only(workdir, load_config(workdir), step=7)
