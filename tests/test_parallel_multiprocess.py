@@ -65,3 +65,21 @@ def test_two_processes_match_one_and_save_and_resume_together(tmp_path):
   assert sorted(rows) == sorted(reference) == list(range(1, STEPS + 1))
   np.testing.assert_allclose([rows[s]["loss"] for s in sorted(rows)],
                              [reference[s]["loss"] for s in sorted(reference)], atol=1e-5)
+
+
+def test_two_processes_in_pmap_mode_match_one(tmp_path):
+  """The maintained `pmap` mode across hosts: each process feeds its local devices' shards."""
+  steps = 6
+  overrides = {**TINY, **write_corpus(tmp_path), "num_train_steps": steps,
+               "checkpoint_every_steps": steps}
+  single = tmp_path / "single"
+  train_and_evaluate(make_config(overrides), str(single), tensorboard=False)
+  multi = tmp_path / "multi"
+  env = subprocess_env(devices=2, cache_dir=str(tmp_path / "jax_cache"))
+  _wait(_start_two_processes(multi, {**overrides, "parallel.mode": "pmap"}, env), multi)
+  assert "on 4 devices (pmap)" in log_tail(multi, 100_000)
+  rows, reference = train_rows(multi), train_rows(single)
+  assert sorted(rows) == sorted(reference) == list(range(1, steps + 1))
+  np.testing.assert_allclose([rows[s]["loss"] for s in sorted(rows)],
+                             [reference[s]["loss"] for s in sorted(reference)], atol=1e-5)
+  assert [int(s) for s in os.listdir(multi / "checkpoints")] == [steps]
