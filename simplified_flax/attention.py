@@ -139,47 +139,43 @@ def _shape_softmax_forward(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centr
   return shaped_BHQK, probs_BHQK
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7))
 def _shape_softmax(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK, has_skip,
                    has_centre):
   """(resid * softmax(logits) + skip * I - centre * C, softmax(logits)), both [B, H, Tq, Tk].
 
-  The hand-written VJP exists for speed, not for different values: autodiff reduces the
-  per-head gain gradients over the (B, Tq, Tk) axes of a [B, H, Tq, Tk] product, which XLA:CPU
-  lowers to a strided loop costing several percent of a SAS step. Here every gain gradient is
-  first a last-axis (row) sum, and the softmax backward reuses the same row sums. `eye_QK` and
-  `centre_QK` broadcast against the logits ([Tq, Tk], [1, 1, Tq, Tk] or [B, 1, Tq, Tk]).
+  `eye_QK` and `centre_QK` broadcast against the logits ([Tq, Tk], [1, 1, Tq, Tk] or
+  [B, 1, Tq, Tk]); they come from the mask and are constants (their tangents are ignored).
+  The JVP exists for speed, not for different values: it broadcasts each per-head gain's
+  tangent over (B, Tq) first and over Tk last, so in reverse mode every gain gradient is a
+  row (last-axis) sum before the (B, Tq) sum. Autodiff's single reduction over (B, Tq, Tk) of
+  a [B, H, Tq, Tk] product is a strided loop on XLA:CPU costing a few percent of a SAS step.
   """
   return _shape_softmax_forward(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK,
                                 has_skip, has_centre)
 
 
-def _shape_softmax_fwd(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK, has_skip,
-                       has_centre):
-  out = _shape_softmax_forward(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK,
-                               has_skip, has_centre)
-  return out, (out[1], resid_H, eye_QK, centre_QK)
+def _per_row(gain_H, like_BHQK):
+  """A per-head [H] tangent broadcast to [B, H, Tq, 1] (then over keys by the product)."""
+  B, H, Q, _ = like_BHQK.shape
+  return jnp.broadcast_to(gain_H[None, :, None], (B, H, Q))[..., None]
 
 
-def _shape_softmax_bwd(has_skip, has_centre, residuals, cotangents):
-  probs_BHQK, resid_H, eye_QK, centre_QK = residuals
-  d_shaped_BHQK, d_probs_BHQK = cotangents
-  head_total = lambda rows_BHQ: jnp.sum(rows_BHQ, axis=(0, 2))
-  shaped_rows_BHQ = jnp.sum(d_shaped_BHQK * probs_BHQK, axis=-1)
-  # Softmax backward of the total probability cotangent resid * dS + dP, rows shared with dr.
-  d_probs_total_BHQK = _per_head(resid_H) * d_shaped_BHQK + d_probs_BHQK
-  rows_BHQ = resid_H[:, None] * shaped_rows_BHQ + jnp.sum(d_probs_BHQK * probs_BHQK, axis=-1)
-  d_logits_BHQK = probs_BHQK * (d_probs_total_BHQK - rows_BHQ[..., None])
-  d_resid_H = head_total(shaped_rows_BHQ)
-  d_skip_H = (head_total(jnp.sum(d_shaped_BHQK * eye_QK, axis=-1)) if has_skip
-              else jnp.zeros_like(resid_H))
-  d_centre_H = (-head_total(jnp.sum(d_shaped_BHQK * centre_QK, axis=-1)) if has_centre
-                else jnp.zeros_like(resid_H))
-  return (d_logits_BHQK, d_resid_H, d_skip_H, d_centre_H, jnp.zeros_like(eye_QK),
-          jnp.zeros_like(centre_QK))
-
-
-_shape_softmax.defvjp(_shape_softmax_fwd, _shape_softmax_bwd)
+@_shape_softmax.defjvp
+def _shape_softmax_jvp(has_skip, has_centre, primals, tangents):
+  logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK = primals
+  d_logits_BHQK, d_resid_H, d_skip_H, d_centre_H, _, _ = tangents
+  shaped_BHQK, probs_BHQK = _shape_softmax_forward(
+      logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK, has_skip, has_centre)
+  d_probs_BHQK = probs_BHQK * (
+      d_logits_BHQK - jnp.sum(probs_BHQK * d_logits_BHQK, axis=-1, keepdims=True))
+  d_shaped_BHQK = (_per_head(resid_H) * d_probs_BHQK
+                   + _per_row(d_resid_H, probs_BHQK) * probs_BHQK)
+  if has_skip:
+    d_shaped_BHQK = d_shaped_BHQK + _per_row(d_skip_H, probs_BHQK) * eye_QK
+  if has_centre:
+    d_shaped_BHQK = d_shaped_BHQK - _per_row(d_centre_H, probs_BHQK) * centre_QK
+  return (shaped_BHQK, probs_BHQK), (d_shaped_BHQK, d_probs_BHQK)
 
 
 # ------------------------------------------------------------------------------- fused

@@ -115,33 +115,27 @@ class ReparamLinear(nn.Module):
     return dense(x_BTD.astype(self.dtype), weight_DD.astype(self.dtype))
 
 
-@jax.custom_vjp
+@jax.custom_jvp
 def dense(x_ND, kernel_DF):
   """`x @ kernel` over the last axis of x, [..., D] x [D, F] -> [..., F].
 
-  Same values and gradients as `jnp.dot`; the VJP builds the kernel gradient as
-  `(dy^T x)^T` rather than `x^T dy`. XLA:CPU lowers `x^T dy` with a [tokens, D] operand
-  contracted on its major axis, and for the MLP's [tokens, 4D] activations it emits a slow
-  transposing loop (about a fifth of a Pre-LN step at D=768); contracting `dy^T x` and
-  transposing the small [F, D] result is a plain matmul plus a cheap copy on every backend.
+  Same values and derivatives as `jnp.dot`, forward and reverse mode. The JVP writes the
+  kernel's contribution as `(dkernel^T x^T)^T`, so that its transpose (the kernel gradient in
+  reverse mode) is `(dy^T x)^T` rather than `x^T dy`: XLA:CPU lowers the latter, with the
+  MLP's [tokens, 4D] activations, as a slow transposing loop (about a fifth of a Pre-LN step
+  at D=768); the former is a plain matmul plus a cheap [F, D] transpose on every backend.
   """
   return jnp.dot(x_ND, kernel_DF)
 
 
-def _dense_fwd(x_ND, kernel_DF):
-  return jnp.dot(x_ND, kernel_DF), (x_ND, kernel_DF)
-
-
-def _dense_bwd(residuals, dy_NF):
-  x_ND, kernel_DF = residuals
+@dense.defjvp
+def _dense_jvp(primals, tangents):
+  x_ND, kernel_DF = primals
+  dx_ND, dkernel_DF = tangents
+  y_NF = jnp.dot(x_ND, kernel_DF)
   x_2D = x_ND.reshape(-1, x_ND.shape[-1])
-  dy_2F = dy_NF.reshape(-1, dy_NF.shape[-1])
-  d_kernel_DF = jnp.dot(dy_2F.T, x_2D).T
-  d_x_ND = jnp.dot(dy_NF, kernel_DF.T)
-  return d_x_ND, d_kernel_DF.astype(kernel_DF.dtype)
-
-
-dense.defvjp(_dense_fwd, _dense_bwd)
+  from_kernel_NF = jnp.dot(dkernel_DF.T, x_2D.T).T.reshape(y_NF.shape)
+  return y_NF, jnp.dot(dx_ND, kernel_DF) + from_kernel_NF
 
 
 class Linear(nn.Module):

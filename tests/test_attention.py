@@ -147,7 +147,7 @@ def test_plain_attention_and_bad_impl():
 
 
 def _reference_shaped_attention(q, k, v, mask, resid_gain, skip_gain, centre_gain):
-  """The textbook formula, differentiated by plain autodiff (no custom VJP)."""
+  """The textbook formula, differentiated by plain autodiff (no custom rule)."""
   logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
   probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
   C = attention.centering_matrix_from_mask(mask)
@@ -159,7 +159,7 @@ def _reference_shaped_attention(q, k, v, mask, resid_gain, skip_gain, centre_gai
 
 @pytest.mark.parametrize("name", ["causal", "bidirectional_padded", "packed_causal"])
 def test_explicit_gradients_equal_autodiff_of_the_formula_including_probs(name):
-  """The explicit path's hand-written VJP, with a loss that also reads the returned softmax
+  """The explicit path's hand-written JVP, with a loss that also reads the returned softmax
   (as diagnostics or an attention-entropy penalty would)."""
   case = CASES[name]
   q, k, v = qkv()

@@ -168,3 +168,29 @@ def test_packed_rows_equal_separate_sequences():
                        segment_ids=jnp.array([[1] * 6 + [2] * 10]))
   np.testing.assert_allclose(packed[:, :6], model.apply(variables, a), atol=1e-5)
   np.testing.assert_allclose(packed[:, 6:], model.apply(variables, b), atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["preln", "sas_p"])
+def test_forward_mode_agrees_with_reverse_mode_so_hessian_vector_products_work(variant):
+  """The speed-motivated custom JVPs (dense kernels, shaped softmax) support both modes:
+  the directional derivative from jax.jvp equals <grad, v>, and forward-over-reverse
+  Hessian-vector products run and agree with reverse-over-reverse."""
+  config = tiny_config(variant)
+  toks = tokens()
+  model, variables = init(config, toks)
+  loss_fn = lambda p: next_token_loss(model, variables, p, toks)
+  params = variables["params"]
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(3), len(leaves))
+  direction = jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape)
+                                           for k, x in zip(keys, leaves)])
+  _, forward = jax.jvp(loss_fn, (params,), (direction,))
+  reverse = sum(jnp.vdot(g, v) for g, v in zip(jax.tree.leaves(jax.grad(loss_fn)(params)),
+                                                  jax.tree.leaves(direction)))
+  np.testing.assert_allclose(forward, reverse, rtol=1e-4)
+  hvp_fwd_rev = jax.jvp(jax.grad(loss_fn), (params,), (direction,))[1]
+  hvp_rev_rev = jax.grad(lambda p: jnp.vdot(
+      jax.flatten_util.ravel_pytree(jax.grad(loss_fn)(p))[0],
+      jax.flatten_util.ravel_pytree(direction)[0]))(params)
+  for a, b in zip(jax.tree.leaves(hvp_fwd_rev), jax.tree.leaves(hvp_rev_rev)):
+    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
