@@ -14,7 +14,8 @@ few minutes. Pass `--config.model.vocab_size=50257` for GPT-2's.
 What is timed: `train_step.train_step` (forward, backward, global-norm clipping, AdamW) jitted
 with the state donated, on one fixed batch of random tokens, compiled ahead of time (compile
 seconds are reported apart) and run once before timing. Each round runs `--steps` steps of
-every config in turn and blocks on the result, then times one `jnp.dot` of two [n, n]
+every config in turn (each round starting one config later than the last, so that no config
+always runs right after the probe) and blocks on the result, then times one `jnp.dot` of two [n, n]
 matrices in the compute dtype (`config.dtype`, float32 by default): the matmul peak this
 machine reaches right now. Machine drift therefore hits
 every config and the peak alike; figures are medians over rounds, and the timing ratios in
@@ -273,7 +274,9 @@ def main(argv, flag):
                              flag["matmul_size"].value or (2048 if on_cpu else 8192))
   rounds, steps, peaks = flag["rounds"].value, flag["steps"].value, []
   for round_index in range(rounds):
-    for r in runners:
+    # Each round starts one config later, so no config always follows the matmul probe.
+    start = round_index % len(runners)
+    for r in runners[start:] + runners[:start]:
       r.times.append(r.run(steps))
     peaks.append(measure_peak())
     print(f"round {round_index + 1}/{rounds}: " + ", ".join(
