@@ -155,3 +155,14 @@ def test_throughput_reuses_stored_results_only_for_the_same_settings(tmp_path):
   deeper = throughput.benchmark_command("cpu", ["preln"], "explicit", {"model.n_layer": 2})
   assert throughput.reusable_results(str(raw), deeper, ["preln"]) is None
   assert throughput.reusable_results(str(tmp_path / "absent.json"), explicit, ["sas"]) is None
+
+
+def test_depth_scaling_findings_state_gaps_and_trends_as_measured():
+  loss = {("preln", 2): 2.0, ("preln", 8): 1.8, ("sas", 2): 2.4, ("sas", 8): 2.0,
+          ("op", 2): 2.1, ("op", 8): 2.2}
+  text = "\n".join(depth_scaling.findings(loss, (2, 8)))
+  assert "`sas`: 0.400 behind Pre-LN at 2 layers, 0.200 behind at 8: the gap narrows" in text
+  assert "8 layers improve its eval loss by 0.400 over 2" in text
+  assert "`op`: 0.100 behind Pre-LN at 2 layers, 0.400 behind at 8: the gap widens" in text
+  assert "8 layers worsen its eval loss by 0.100" in text
+  assert "`preln`: 8 layers improve its eval loss by 0.200 over 2." in text
