@@ -75,7 +75,7 @@ def mlm_scores(config, params, constants, batches) -> dict[str, float]:
 def run_variant(variant: str, scale: str, workdir: str, final_eval_batches: int | None,
                 num_train_steps: int | None = None, extra: dict | None = None) -> dict:
   config = make_config(variant, scale, num_train_steps, extra)
-  final = train.train_and_evaluate(config, workdir, tensorboard=False)
+  final = report_lib.train_to_end(config, workdir)
   pipeline = build_pipeline(config, workdir=workdir)
   initial = train.create_train_state(config, jax.random.PRNGKey(config.seed))
   batches = list(pipeline.eval_batches(final_eval_batches or config.eval_steps))

@@ -53,11 +53,27 @@ def is_finished(workdir: str, num_train_steps: int) -> bool:
   return any(r.get("step") == num_train_steps and "eval_loss" in r for r in rows)
 
 
+class RunInterrupted(SystemExit):
+  """A training run stopped before its last step (SIGTERM, preemption) with its checkpoint
+  saved: the script stops too, rather than report a half-trained model or start the next run."""
+
+
+def train_to_end(config, workdir: str):
+  """`train.train_and_evaluate(config, workdir)` (resuming if a checkpoint is there); its final
+  state, or RunInterrupted if the run stopped early."""
+  from simplified_flax import train  # pylint: disable=import-outside-toplevel  (jax: slow)
+  state = train.train_and_evaluate(config, workdir, tensorboard=False)
+  if not is_finished(workdir, config.num_train_steps):
+    raise RunInterrupted(f"{workdir} stopped before step {config.num_train_steps} (SIGTERM or "
+                         "preemption; its checkpoint is saved). Run the same command again to "
+                         "resume it and the runs after it.")
+  return state
+
+
 def train_run(config, workdir: str) -> Dict[str, Any]:
   """Trains `config` in `workdir` unless already finished there; returns `summarise(workdir)`."""
-  from simplified_flax import train  # pylint: disable=import-outside-toplevel  (jax: slow)
   if not is_finished(workdir, config.num_train_steps):
-    train.train_and_evaluate(config, workdir, tensorboard=False)
+    train_to_end(config, workdir)
   return summarise(workdir)
 
 

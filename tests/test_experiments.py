@@ -166,3 +166,13 @@ def test_depth_scaling_findings_state_gaps_and_trends_as_measured():
   assert "`op`: 0.100 behind Pre-LN at 2 layers, 0.400 behind at 8: the gap widens" in text
   assert "8 layers worsen its eval loss by 0.100" in text
   assert "`preln`: 8 layers improve its eval loss by 0.200 over 2." in text
+
+
+def test_an_interrupted_run_stops_the_script_with_how_to_resume(tmp_path, monkeypatch):
+  """SIGTERM makes the training loop save and return early; the experiment must not report
+  that half-trained run or move on to the next one."""
+  from simplified_flax import train
+  monkeypatch.setattr(train, "train_and_evaluate", lambda config, workdir, **kw: None)
+  config = depth_scaling.make_config("cpu", "sas_p", 1, steps=3)
+  with pytest.raises(report_lib.RunInterrupted, match="Run the same command again"):
+    report_lib.train_run(config, str(tmp_path / "run"))
