@@ -24,6 +24,7 @@ import functools
 from typing import Literal
 
 import jax
+from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
 
 Impl = Literal["explicit", "fused"]
@@ -161,21 +162,28 @@ def _per_row(gain_H, like_BHQK):
   return jnp.broadcast_to(gain_H[None, :, None], (B, H, Q))[..., None]
 
 
-@_shape_softmax.defjvp
 def _shape_softmax_jvp(has_skip, has_centre, primals, tangents):
   logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK = primals
   d_logits_BHQK, d_resid_H, d_skip_H, d_centre_H, _, _ = tangents
   shaped_BHQK, probs_BHQK = _shape_softmax_forward(
       logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK, has_skip, has_centre)
-  d_probs_BHQK = probs_BHQK * (
-      d_logits_BHQK - jnp.sum(probs_BHQK * d_logits_BHQK, axis=-1, keepdims=True))
-  d_shaped_BHQK = (_per_head(resid_H) * d_probs_BHQK
-                   + _per_row(d_resid_H, probs_BHQK) * probs_BHQK)
-  if has_skip:
+  # Terms whose tangent is a symbolic zero (a constant gain, e.g. Pre-LN's) cost nothing.
+  present = lambda tangent: not isinstance(tangent, SymbolicZero)
+  d_probs_BHQK = jnp.zeros_like(probs_BHQK)
+  if present(d_logits_BHQK):
+    d_probs_BHQK = probs_BHQK * (
+        d_logits_BHQK - jnp.sum(probs_BHQK * d_logits_BHQK, axis=-1, keepdims=True))
+  d_shaped_BHQK = _per_head(resid_H) * d_probs_BHQK
+  if present(d_resid_H):
+    d_shaped_BHQK = d_shaped_BHQK + _per_row(d_resid_H, probs_BHQK) * probs_BHQK
+  if has_skip and present(d_skip_H):
     d_shaped_BHQK = d_shaped_BHQK + _per_row(d_skip_H, probs_BHQK) * eye_QK
-  if has_centre:
+  if has_centre and present(d_centre_H):
     d_shaped_BHQK = d_shaped_BHQK - _per_row(d_centre_H, probs_BHQK) * centre_QK
   return (shaped_BHQK, probs_BHQK), (d_shaped_BHQK, d_probs_BHQK)
+
+
+_shape_softmax.defjvp(_shape_softmax_jvp, symbolic_zeros=True)
 
 
 # ------------------------------------------------------------------------------- fused

@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
+from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
 
 NORM_TYPES = ("ln", "rmsnorm", "none")
@@ -128,14 +129,21 @@ def dense(x_ND, kernel_DF):
   return jnp.dot(x_ND, kernel_DF)
 
 
-@dense.defjvp
 def _dense_jvp(primals, tangents):
   x_ND, kernel_DF = primals
   dx_ND, dkernel_DF = tangents
   y_NF = jnp.dot(x_ND, kernel_DF)
-  x_2D = x_ND.reshape(-1, x_ND.shape[-1])
-  from_kernel_NF = jnp.dot(dkernel_DF.T, x_2D.T).T.reshape(y_NF.shape)
-  return y_NF, jnp.dot(dx_ND, kernel_DF) + from_kernel_NF
+  dy_NF = jnp.zeros_like(y_NF)
+  # A symbolic-zero tangent (an input that is not differentiated) costs no matmul.
+  if not isinstance(dx_ND, SymbolicZero):
+    dy_NF = dy_NF + jnp.dot(dx_ND, kernel_DF)
+  if not isinstance(dkernel_DF, SymbolicZero):
+    x_2D = x_ND.reshape(-1, x_ND.shape[-1])
+    dy_NF = dy_NF + jnp.dot(dkernel_DF.T, x_2D.T).T.reshape(y_NF.shape)
+  return y_NF, dy_NF
+
+
+dense.defjvp(_dense_jvp, symbolic_zeros=True)
 
 
 class Linear(nn.Module):

@@ -1,6 +1,7 @@
 """Layers whose gradients are hand-written for speed keep nn.Dense's values and gradients."""
 import flax.linen as nn
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -26,6 +27,12 @@ def test_linear_matches_nn_dense_params_values_and_gradients(use_bias):
   want = jax.grad(loss(theirs), argnums=(0, 1))(params, x_BTD)
   for g_got, g_want in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g_got, g_want, rtol=1e-5, atol=1e-6)
+  # Only one side differentiated: the other tangent is a symbolic zero the rule skips.
+  for argnum in (0, 1):
+    np.testing.assert_allclose(
+        jax.flatten_util.ravel_pytree(jax.grad(loss(ours), argnums=argnum)(params, x_BTD))[0],
+        jax.flatten_util.ravel_pytree(jax.grad(loss(theirs), argnums=argnum)(params, x_BTD))[0],
+        rtol=1e-5, atol=1e-6)
 
 
 def test_linear_in_bfloat16_keeps_float32_kernel_gradients():

@@ -1,6 +1,7 @@
 """Model behaviour users rely on: identity at init, causality, padding invariance, gains."""
 import flax.linen as nn
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
