@@ -102,7 +102,7 @@ def optimizer_config() -> ml_collections.ConfigDict:
 
 
 def data_config() -> ml_collections.ConfigDict:
-  """Corpus, tokenizer and batching (simplified_flax/data; docs/data.md)."""
+  """Corpus, tokenizer and batching (simplified_flax/data; README, "Data")."""
   d = ml_collections.ConfigDict()
   d.name = "python_code"             # "python_code", "text_files" or any tfds text dataset
   d.text_key = "content"             # tfds feature holding the text (its only Text one if absent)

@@ -7,7 +7,7 @@ Pretrain (CPU-sized, about 10 minutes on 2 cores):
     python -m simplified_flax.train --config=configs/bert_parallel.py:cpu --workdir=/tmp/bert_parallel
 Paper shape on an accelerator host:
     python -m simplified_flax.train --config=configs/bert_parallel.py --workdir=/tmp/bert_parallel
-Fine-tune on a GLUE task (see docs/glue.md):
+Fine-tune on a GLUE task (README, "Fine-tuning on a GLUE task"):
     python -m simplified_flax.finetune --config=configs/bert_parallel.py \
         --pretrained_workdir=/tmp/bert_parallel --task=sst2 --workdir=/tmp/bert_parallel_sst2
 

@@ -8,7 +8,7 @@ Pretrain (CPU-sized, about 10 minutes on 2 cores):
     python -m simplified_flax.train --config=configs/bert_value_skipinit.py:cpu --workdir=/tmp/bert_vsi
 Paper shape on an accelerator host:
     python -m simplified_flax.train --config=configs/bert_value_skipinit.py --workdir=/tmp/bert_vsi
-Fine-tune on a GLUE task (see docs/glue.md):
+Fine-tune on a GLUE task (README, "Fine-tuning on a GLUE task"):
     python -m simplified_flax.finetune --config=configs/bert_value_skipinit.py \
         --pretrained_workdir=/tmp/bert_vsi --task=sst2 --workdir=/tmp/bert_vsi_sst2
 

@@ -286,12 +286,11 @@ def main() -> None:
     sys.exit("No finished runs to report.")
   command = report_lib.command_line("baseline_comparison", args, parser,
                                     ("variants", "budgets", "base_steps"))
-  keep = ("variant", "budget", "seed", "steps", "params", "final_eval_loss", "final_train_loss",
-          "tokens_per_s", "train_s")
-  report_lib.write_report(output, report(results, args.scale, budgets, command, missing, output),
-                          {"scale": args.scale, "command": command, "missing": missing,
-                           "runs": [{k: r[k] for k in keep} for r in results]})
-  print(f"Wrote {output}/report.md, its plots and results.json")
+  report_lib.write_runs_report(
+      output, report(results, args.scale, budgets, command, missing, output), scale=args.scale,
+      command=command, missing=missing, runs=results,
+      keep=("variant", "budget", "seed", "steps", "params", "final_eval_loss",
+            "final_train_loss", "tokens_per_s", "train_s"))
 
 
 if __name__ == "__main__":

@@ -143,12 +143,11 @@ def main() -> None:
   command = report_lib.command_line("depth_scaling", args, parser,
                                     ("variants", "depths", "num_train_steps",
                                      "no_scale_mlp_gain"))
-  keep = ("variant", "depth", "steps", "params", "mlp_block_resid_gain", "final_eval_loss",
-          "final_train_loss", "tokens_per_s", "train_s")
-  report_lib.write_report(output, report(results, args.scale, depths, command, missing, output),
-                          {"scale": args.scale, "command": command, "missing": missing,
-                           "runs": [{k: r[k] for k in keep} for r in results]})
-  print(f"Wrote {output}/report.md, its plots and results.json")
+  report_lib.write_runs_report(
+      output, report(results, args.scale, depths, command, missing, output), scale=args.scale,
+      command=command, missing=missing, runs=results,
+      keep=("variant", "depth", "steps", "params", "mlp_block_resid_gain", "final_eval_loss",
+            "final_train_loss", "tokens_per_s", "train_s"))
 
 
 if __name__ == "__main__":

@@ -261,3 +261,12 @@ def write_report(output: str, text: str, results: Any) -> None:
   with open(os.path.join(output, "report.md"), "w", encoding="utf-8") as f:
     f.write(text)
   write_json(os.path.join(output, "results.json"), results)
+
+
+def write_runs_report(output: str, text: str, *, scale: str, command: str, missing: List[str],
+                      runs: Sequence[Mapping[str, Any]], keep: Sequence[str]) -> None:
+  """`write_report` of a `train_planned` experiment: results.json holds the scale, command,
+  unfinished runs and the `keep` fields of every finished run."""
+  write_report(output, text, {"scale": scale, "command": command, "missing": missing,
+                              "runs": [{k: r[k] for k in keep} for r in runs]})
+  print(f"Wrote {output}/report.md, its plots and results.json")
