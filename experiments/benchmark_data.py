@@ -40,7 +40,7 @@ def training_tokens_per_second(config, batch: dict, steps: int) -> float:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
-  from simplified_flax.models import build_model  # pylint: disable=g-import-not-at-top
+  from simplified_flax.model.transformer import build_model  # pylint: disable=g-import-not-at-top
 
   model = build_model(config.model, dtype="float32")
   tokens_BxT = jnp.asarray(batch["inputs"])
@@ -95,7 +95,7 @@ def main() -> None:
   try:
     train_tps = training_tokens_per_second(config, next(pipeline.train_iterator()), args.steps)
   except ImportError as e:
-    print(f"training step: not measured ({e}). TODO: needs simplified_flax.models.build_model.")
+    print(f"training step: not measured ({e}). TODO: needs simplified_flax.model.transformer.build_model.")
     return
   print(f"training step (fwd+bwd+AdamW, jit, float32): {train_tps:,.0f} tokens/s")
   ratio = data_tps / train_tps

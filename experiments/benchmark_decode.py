@@ -21,7 +21,8 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import configs  # pylint: disable=g-import-not-at-top
-from simplified_flax import decode, models  # pylint: disable=g-import-not-at-top
+from simplified_flax.model import decode  # pylint: disable=g-import-not-at-top
+from simplified_flax.model import transformer as models  # pylint: disable=g-import-not-at-top
 
 BYTE_VOCAB = 259
 

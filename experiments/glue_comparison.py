@@ -20,8 +20,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from simplified_flax import finetune, glue  # pylint: disable=g-import-not-at-top
-from simplified_flax.train import NonFiniteLossError  # pylint: disable=g-import-not-at-top
+from simplified_flax.glue import finetune  # pylint: disable=g-import-not-at-top
+from simplified_flax.glue import tasks as glue  # pylint: disable=g-import-not-at-top
+from simplified_flax.training.loop import NonFiniteLossError  # pylint: disable=g-import-not-at-top
 
 PAPER_GLUE = {"bert_preln": 78.9, "bert_parallel": 78.5, "bert_sas": 78.4, "bert_sas_p": 78.3,
               "bert_value_skipinit": 78.0}

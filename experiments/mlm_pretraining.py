@@ -26,9 +26,12 @@ import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from experiments import report_lib  # pylint: disable=g-import-not-at-top
-from simplified_flax import losses, metrics_io, mlm_metrics, train  # pylint: disable=g-import-not-at-top
+from simplified_flax import train  # pylint: disable=g-import-not-at-top
+from simplified_flax.training import losses  # pylint: disable=g-import-not-at-top
+from simplified_flax.training import metrics_io  # pylint: disable=g-import-not-at-top
+from simplified_flax.training import mlm_metrics  # pylint: disable=g-import-not-at-top
 from simplified_flax.data import build_pipeline  # pylint: disable=g-import-not-at-top
-from simplified_flax.models import build_model  # pylint: disable=g-import-not-at-top
+from simplified_flax.model.transformer import build_model  # pylint: disable=g-import-not-at-top
 
 VARIANTS = ("bert_preln", "bert_sas", "bert_sas_p")
 SCALES = {

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Sequence
 import numpy as np
 
 import configs
-from simplified_flax import metrics_io
+from simplified_flax.training import metrics_io
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +78,7 @@ def train_run(config, workdir: str) -> Dict[str, Any]:
 
 
 def count_params(config_dict: Mapping[str, Any]) -> int:
-  from simplified_flax import train_step  # pylint: disable=import-outside-toplevel
+  from simplified_flax.training import step as train_step  # pylint: disable=import-outside-toplevel
   return int(sum(np.prod(s) for s in train_step.param_shapes(dict(config_dict)).values()))
 
 

@@ -47,7 +47,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 import configs
-from simplified_flax import train_step
+from simplified_flax.training import step as train_step
 
 # The benchmark's shape, applied before the command line's overrides.
 BENCH_SHAPE = {"model.n_layer": 6, "model.n_embd": 768, "model.n_head": 12,

@@ -8,40 +8,13 @@ collection), `non_embedding` (trainable minus token and position embeddings) and
 `--breakdown`, trainable counts per top-level module.
 """
 import json
-from typing import Dict
 
-import jax
-import jax.numpy as jnp
 from absl import app, flags
 from ml_collections import config_flags
 
-from simplified_flax import models
+from simplified_flax.model.parameters import count_parameters, variable_shapes
 
-EMBEDDINGS = ("wte", "wpe")
-
-
-def variable_shapes(model_config):
-  """The model's variables as ShapeDtypeStructs; nothing is allocated or computed."""
-  model = models.build_model(model_config)
-  tokens = jax.ShapeDtypeStruct((1, model_config.context_length), jnp.int32)
-  return jax.eval_shape(lambda t: model.init(jax.random.key(0), t), tokens)
-
-
-def _size(tree) -> int:
-  return sum(x.size for x in jax.tree.leaves(tree))
-
-
-def count_parameters(model_config, breakdown: bool = False) -> Dict:
-  shapes = variable_shapes(model_config)
-  params = shapes["params"]
-  counts = {
-      "total": _size(shapes),
-      "trainable": _size(params),
-      "non_embedding": _size({k: v for k, v in params.items() if k not in EMBEDDINGS}),
-  }
-  if breakdown:
-    counts["breakdown"] = {name: _size(sub) for name, sub in params.items()}
-  return counts
+__all__ = ["count_parameters", "variable_shapes", "resolve_vocab_size"]
 
 
 def resolve_vocab_size(config) -> None:

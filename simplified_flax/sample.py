@@ -19,9 +19,10 @@ from absl import flags
 from absl import logging
 import jax
 
-from simplified_flax import cli, decode
-from simplified_flax.evaluate import load_config, restore_read_only
-from simplified_flax.models import build_model
+from simplified_flax import cli
+from simplified_flax.model import decode
+from simplified_flax.training.evaluation import load_config, restore_read_only
+from simplified_flax.model.transformer import build_model
 
 
 def restore_variables(workdir: str, config, step: Optional[int] = None):

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simplified_flax import attention
+from simplified_flax.model import attention
 
 B, T, H, DH = 2, 9, 3, 4
 KEY_MASK = jnp.array([[1] * 6 + [0] * 3, [1] * 9], bool)           # row 0 right-padded

@@ -8,7 +8,8 @@ import jax
 import pytest
 
 from conftest import TINY_MODEL, tiny_config
-from simplified_flax import benchmark, models
+from simplified_flax import benchmark
+from simplified_flax.model import transformer as models
 
 REPO = pathlib.Path(__file__).parents[1]
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from conftest import TINY_MODEL, load_config
-from simplified_flax import checkpoint, metrics_io
-from simplified_flax.train_step import param_shapes
+from simplified_flax.training import checkpoints as checkpoint
+from simplified_flax.training import metrics_io
+from simplified_flax.training.step import param_shapes
 
 
 # ------------------------------------------------------------------------------------------

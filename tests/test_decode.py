@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from conftest import DECODER_VARIANTS, tiny_config
-from simplified_flax import attention, decode, models
+from simplified_flax.model import attention
+from simplified_flax.model import decode
+from simplified_flax.model import transformer as models
 
 V = 61
 SEQ_LENGTHS = (16, 11, 7)      # one batch, three sequences of different lengths

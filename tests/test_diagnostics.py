@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from simplified_flax import attention, diagnostics, models
+from simplified_flax.model import attention
+from simplified_flax.training import diagnostics
+from simplified_flax.model import transformer as models
 
 
 def hadamard(k: int) -> np.ndarray:

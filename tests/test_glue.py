@@ -11,10 +11,14 @@ import pytest
 import tensorflow_datasets as tfds
 
 from conftest import tiny_config
-from simplified_flax import checkpoint, classifier, finetune, glue, train
+from simplified_flax import train
+from simplified_flax.glue import finetune
+from simplified_flax.training import checkpoints as checkpoint
+from simplified_flax.glue import classifier
+from simplified_flax.glue import tasks as glue
 from simplified_flax.data import ByteTokenizer, CheckpointableIterator, mlm
-from simplified_flax.evaluate import CONFIG_FILE
-from simplified_flax.models import build_model
+from simplified_flax.training.evaluation import CONFIG_FILE
+from simplified_flax.model.transformer import build_model
 
 T = 32
 TOK = ByteTokenizer()

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simplified_flax import layers
+from simplified_flax.model import layers
 
 
 @pytest.mark.parametrize("use_bias", [False, True])

@@ -9,7 +9,8 @@ import pytest
 from flax import traverse_util
 
 from conftest import DECODER_VARIANTS, tiny_config
-from simplified_flax import block, models
+from simplified_flax.model import block
+from simplified_flax.model import transformer as models
 
 T, V = 16, 61
 IMPLS = ("explicit", "fused")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from simplified_flax import optim
-from simplified_flax.models import build_model
+from simplified_flax.training import optimizer as optim
+from simplified_flax.model.transformer import build_model
 
 
 def _opt(**overrides):

@@ -17,7 +17,7 @@ SCRIPT = r"""
 import json, shutil, sys
 import jax
 from test_train_loop import make_config
-from simplified_flax import parallel
+from simplified_flax.training import placement as parallel
 from simplified_flax.data import build_pipeline
 from simplified_flax.train import create_train_state, train_and_evaluate, train_step
 

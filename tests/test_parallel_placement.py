@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from simplified_flax import parallel
+from simplified_flax.training import placement as parallel
 
 
 def test_fsdp_spec_shards_the_largest_divisible_dimension_of_large_leaves():

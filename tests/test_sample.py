@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from simplified_flax import checkpoint, decode, sample
+from simplified_flax import sample
+from simplified_flax.training import checkpoints as checkpoint
+from simplified_flax.model import decode
 from simplified_flax.data.tokenizers import ByteTokenizer
-from simplified_flax.evaluate import CONFIG_FILE, load_config, restore_read_only
-from simplified_flax.models import build_model
-from simplified_flax.train_step import create_train_state
+from simplified_flax.training.evaluation import CONFIG_FILE, load_config, restore_read_only
+from simplified_flax.model.transformer import build_model
+from simplified_flax.training.step import create_train_state
 
 
 def _training_workdir(tmp_path, steps=(1, 2)):

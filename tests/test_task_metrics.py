@@ -4,7 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from simplified_flax import mlm_metrics, task_metrics
+from simplified_flax.training import mlm_metrics
+from simplified_flax.glue import metrics as task_metrics
 
 # TP = 3 (rows 0, 3, 5), FP = 1 (row 2), FN = 1 (row 4), TN = 1 (row 1).
 PRED = [1, 0, 1, 1, 0, 1]

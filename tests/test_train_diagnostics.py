@@ -6,7 +6,8 @@ import jax
 import pytest
 
 from conftest import tiny_config
-from simplified_flax import metrics_io, train
+from simplified_flax.training import loop
+from simplified_flax.training import metrics_io
 from simplified_flax.train import create_train_state, diagnostics_step
 from test_train_loop import TINY, make_config, write_corpus
 
@@ -22,7 +23,7 @@ def _diagnostic_rows(workdir) -> dict[int, dict]:
 
 
 def test_diagnostics_run_and_are_written_only_every_n_steps(tmp_path, data, monkeypatch):
-  dispatched, real = [], train._diagnostics_step
+  dispatched, real = [], loop._diagnostics_step
 
   def recording(config, model):
     inner = real(config, model)
@@ -31,10 +32,10 @@ def test_diagnostics_run_and_are_written_only_every_n_steps(tmp_path, data, monk
       return inner(state, batch, axis_name=axis_name)
     return step_fn
 
-  monkeypatch.setattr(train, "_diagnostics_step", recording)
+  monkeypatch.setattr(loop, "_diagnostics_step", recording)
   config = make_config({**TINY, **data, "num_train_steps": 7, "diagnostics_every": 3,
                         "checkpoint_every_steps": 0}, variant="sas")
-  train.train_and_evaluate(config, str(tmp_path / "run"), tensorboard=False)
+  loop.train_and_evaluate(config, str(tmp_path / "run"), tensorboard=False)
   jax.effects_barrier()
 
   assert sorted(dispatched) == [3, 6]
@@ -53,7 +54,7 @@ def test_diagnostics_run_and_are_written_only_every_n_steps(tmp_path, data, monk
 def test_no_diagnostics_when_every_is_zero(tmp_path, data):
   config = make_config({**TINY, **data, "num_train_steps": 4, "diagnostics_every": 0,
                         "checkpoint_every_steps": 0})
-  train.train_and_evaluate(config, str(tmp_path / "run"), tensorboard=False)
+  loop.train_and_evaluate(config, str(tmp_path / "run"), tensorboard=False)
   assert _diagnostic_rows(tmp_path / "run") == {}
 
 
@@ -64,7 +65,7 @@ def test_fused_config_gets_its_entropy_from_the_explicit_path():
   tokens_BT = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 61)
   fused = jax.jit(diagnostics_step)(state, {"inputs": tokens_BT})
   assert "attn_entropy/layer_0" not in fused and "kurtosis/layer_1" in fused
-  explicit = jax.jit(train._diagnostics_step(config, None))(state, {"inputs": tokens_BT})
+  explicit = jax.jit(loop._diagnostics_step(config, None))(state, {"inputs": tokens_BT})
   assert "attn_entropy/layer_0" in explicit
   assert float(explicit["kurtosis/layer_1"]) == pytest.approx(float(fused["kurtosis/layer_1"]),
                                                               rel=1e-4, abs=1e-6)

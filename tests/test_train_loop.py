@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 import configs
-from simplified_flax import checkpoint, evaluate, metrics_io
+from simplified_flax import evaluate
+from simplified_flax.training import checkpoints as checkpoint
+from simplified_flax.training import metrics_io
 from simplified_flax.train import NonFiniteLossError, train_and_evaluate
 
 # Orbax's failed reads of corrupt checkpoints leave closed-event-loop callbacks behind that

@@ -6,7 +6,7 @@ import pytest
 
 import configs
 from conftest import TINY_MODEL
-from simplified_flax import losses
+from simplified_flax.training import losses
 from simplified_flax.train import create_train_state, eval_step, train_step
 
 B, T, V = 8, 16, 61

@@ -82,7 +82,7 @@ def leaf_gets_decay(path: tuple[str, ...]) -> bool:
   raise ValueError(
       f"Parameter {'/'.join(path)!r} has a leaf name the weight-decay mask does not know: "
       f"name dense weights 'kernel', embeddings 'embedding', norm parameters 'scale'/'bias' "
-      f"and gains '*{UNDECAYED_SUFFIX}', or extend simplified_flax.optim.leaf_gets_decay.")
+      f"and gains '*{UNDECAYED_SUFFIX}', or extend simplified_flax.training.optimizer.leaf_gets_decay.")
 
 
 def decay_mask(params) -> Any:

@@ -17,8 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simplified_flax import layers
-from simplified_flax.evaluate import restore_read_only
+from simplified_flax.model import layers
+from simplified_flax.training.evaluation import restore_read_only
 
 FINAL_NORM = "ln_f"   # name of the encoder's final LayerNorm (models.Transformer)
 

@@ -9,7 +9,7 @@ trained, never decayed, saved with the parameters. Hidden states (per block, "hi
 softmax attention probabilities (explicit path, "attn_probs") are sown into the
 `intermediates` collection: `model.apply(variables, tokens, mutable=["intermediates"])`.
 
-Incremental decoding (decoder only; `simplified_flax.decode` drives it): with `decode=True`
+Incremental decoding (decoder only; `simplified_flax.model.decode` drives it): with `decode=True`
 the model reads and advances a key/value cache in the `cache` collection, created by an init
 call whose T is the cache length. Each row continues from its own cache index, so rows of
 different lengths decode together (kv_cache.py):
@@ -24,7 +24,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from simplified_flax import attention, block, layers, valproj
+from simplified_flax.model import attention
+from simplified_flax.model import block
+from simplified_flax.model import layers
+from simplified_flax.model import valproj
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -108,7 +111,7 @@ def TransformerEncoder(cfg, dtype=jnp.float32, **kwargs) -> Transformer:
 
 def build_model(model_config, dtype="float32") -> Transformer:
   """The model `model_config.kind` names ("decoder" or "encoder"), computing in `dtype`."""
-  from simplified_flax import config_checks   # local: keeps the model importable standalone
+  from simplified_flax.model import checks as config_checks   # local: keeps the model importable standalone
   config_checks.validate_model_config(model_config)
   compute_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
   make = TransformerLM if model_config.kind == "decoder" else TransformerEncoder

@@ -12,7 +12,7 @@ from typing import Dict, Optional
 import jax
 import jax.numpy as jnp
 
-from simplified_flax import layers
+from simplified_flax.model import layers
 
 TIE_MODES = ("none", "all_blocks", "last_block")
 

@@ -19,8 +19,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from simplified_flax import diagnostics, losses, mlm_metrics, optim, parallel
-from simplified_flax.models import build_model
+from simplified_flax.training import diagnostics
+from simplified_flax.training import losses
+from simplified_flax.training import mlm_metrics
+from simplified_flax.training import optimizer as optim
+from simplified_flax.training import placement as parallel
+from simplified_flax.model.transformer import build_model
 
 # Model collections that are outputs of `apply`, never state.
 _OUTPUT_COLLECTIONS = ("intermediates",)
@@ -48,7 +52,7 @@ class TrainState:
 
 
 def _validate(config) -> None:
-  from simplified_flax import config_checks  # pylint: disable=import-outside-toplevel
+  from simplified_flax.model import checks as config_checks  # pylint: disable=import-outside-toplevel
   config_checks.validate_config(config)
   if config.model.vocab_size is None:
     raise ValueError("model.vocab_size is unset: set it to the tokenizer's vocabulary size "

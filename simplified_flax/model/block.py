@@ -9,7 +9,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simplified_flax import attention, kv_cache, layers, valproj
+from simplified_flax.model import attention
+from simplified_flax.model import kv_cache
+from simplified_flax.model import layers
+from simplified_flax.model import valproj
 
 
 def _qk_kernel_init(m):

@@ -24,7 +24,7 @@ from typing import Dict, Tuple
 import jax
 import jax.numpy as jnp
 
-from simplified_flax import attention
+from simplified_flax.model import attention
 
 Cache = Dict[str, jax.Array]
 

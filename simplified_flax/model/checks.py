@@ -4,7 +4,9 @@ Every error is a `ConfigError` (a ValueError) whose message starts with the dott
 offending field and says how to fix it, e.g.
     model.n_embd=100 is not divisible by model.n_head=12: choose n_embd = n_head * head_dim.
 """
-from simplified_flax import attention, layers, valproj
+from simplified_flax.model import attention
+from simplified_flax.model import layers
+from simplified_flax.model import valproj
 
 SCHEDULES = ("linear", "cosine", "rsqrt", "constant")
 PARALLEL_MODES = ("jit", "pmap")
