@@ -18,7 +18,6 @@ from typing import Any, Dict, Iterable, List, Mapping, Sequence
 import numpy as np
 
 import configs
-from simplified_flax.training import metrics_io
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,6 +48,7 @@ def make_config(variant: str, arg: str, overrides: Mapping[str, Any]):
 
 def is_finished(workdir: str, num_train_steps: int) -> bool:
   """Whether the workdir's history reaches its last step's eval (the loop's final row)."""
+  from simplified_flax.training import metrics_io  # pylint: disable=import-outside-toplevel
   rows = metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
   return any(r.get("step") == num_train_steps and "eval_loss" in r for r in rows)
 
@@ -84,6 +84,7 @@ def count_params(config_dict: Mapping[str, Any]) -> int:
 
 def summarise(workdir: str) -> Dict[str, Any]:
   """Final eval loss, throughput, train time and parameter count of a finished run."""
+  from simplified_flax.training import metrics_io  # pylint: disable=import-outside-toplevel
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     config_dict = json.load(f)
   history = metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))

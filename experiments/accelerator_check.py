@@ -1,0 +1,260 @@
+"""Accelerator check: the papers' comparisons and our equalities on a GPU or TPU, in one command.
+
+    # here (needs the data dependencies): the byte corpus, 16M tokens of Python as one .npy
+    python experiments/accelerator_check.py --make_corpus=.accel/corpus.npy
+    # on the accelerator host (jax, flax, optax, orbax-checkpoint and ml_collections suffice)
+    python experiments/accelerator_check.py --corpus=.accel/corpus.npy \\
+        --output=experiments/results/h200
+    # on any CPU in about a minute (CI runs this): every part at toy sizes
+    python experiments/accelerator_check.py --tiny --output=/tmp/accelerator_check
+
+Parts, each written to `<output>/results.json`, `report.md` and PNGs:
+  a. equalities: explicit == fused shaped attention (causal, padded bidirectional, packed) and a
+     SAS-P model's logits, in float32 (at "highest" matmul precision) and bfloat16; on a GPU,
+     cuDNN's attention against XLA's, and whether the fused path compiled to cuDNN.
+  b. throughput at the paper's shape (18 layers, D=768, H=12, T=128, V=50,257, bfloat16, the
+     largest batch up to 128 that fits) of Pre-LN, SAS, SAS-P and SAS-P without norms, with
+     tokens/s, MFU against the measured and the nominal peak, memory, and each ratio to Pre-LN
+     (paper, Table 1: 1.09, 1.16, 1.20); plus SAS-P on the fused path, and Pre-LN and SAS-P with
+     the CPU gradient rules switched the other way from this backend's default.
+  c. long context: explicit vs fused SAS-P (2 layers, D=768, batch 1) at T=4,096 and 16,384:
+     XLA's step memory and step time, or "out of memory".
+  d. training: Pre-LN, SAS and SAS-P at 18 layers x 768 for 2,000 steps of 128 x 128 byte
+     tokens, the same windows in the same order: loss vs step and vs training time.
+Expected on one H200: about 6 minutes in all; every equality within tolerance.
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
+
+import accelerator_parts as parts  # pylint: disable=g-import-not-at-top
+import configs  # pylint: disable=g-import-not-at-top
+from simplified_flax import benchmark  # pylint: disable=g-import-not-at-top
+import report_lib  # pylint: disable=g-import-not-at-top
+
+PAPER_SPEEDUPS = {"sas": 1.09, "sas_p": 1.16, "sas_p_nonorm": 1.20}   # He & Hofmann, Table 1
+PAPER_SHAPE = {"model.n_layer": 18, "model.n_embd": 768, "model.n_head": 12,
+               "model.context_length": 128, "dtype": "bfloat16"}
+BYTE_VOCAB = 259
+FULL = {
+    "attention_shape": {"batch": 4, "seq_len": 1024, "heads": 12, "head_dim": 64},
+    "model_check": {"model.n_layer": 2, "model.n_embd": 768, "model.n_head": 12,
+                    "model.context_length": 512, "model.vocab_size": 50257},
+    "bench": dict(PAPER_SHAPE, **{"model.vocab_size": 50257}),
+    "bench_batches": (128, 64, 32, 16, 8), "rounds": 5, "steps": 5, "matmul_size": 8192,
+    "long": {"model.n_layer": 2, "model.n_embd": 768, "model.n_head": 12, "batch_size": 1,
+             "model.vocab_size": BYTE_VOCAB, "dtype": "bfloat16"},
+    "lengths": (4096, 16384), "long_steps": 5,
+    "train": dict(PAPER_SHAPE, **{"model.vocab_size": BYTE_VOCAB, "batch_size": 128,
+                                  "num_train_steps": 2000}),
+    "log_every": 50, "eval_every": 500, "eval_batches": 8, "corpus_tokens": 16 << 20,
+}
+_TINY_MODEL = {"model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2,
+               "model.context_length": 32, "model.vocab_size": BYTE_VOCAB}
+TINY = {   # float32: XLA:CPU compiles it faster than bfloat16, and CPU time is what CI has
+    "attention_shape": {"batch": 2, "seq_len": 64, "heads": 4, "head_dim": 16},
+    "model_check": _TINY_MODEL,
+    "bench": _TINY_MODEL, "bench_batches": (4,), "rounds": 2, "steps": 1, "matmul_size": 256,
+    "long": dict(_TINY_MODEL, batch_size=1), "lengths": (64, 128), "long_steps": 2,
+    "train": dict(_TINY_MODEL, batch_size=4, num_train_steps=20),
+    "log_every": 5, "eval_every": 10, "eval_batches": 2, "corpus_tokens": 1 << 18,
+}
+BENCH_VARIANTS = ("preln", "sas", "sas_p", "sas_p_nonorm")
+TRAIN_VARIANTS = ("preln", "sas", "sas_p")
+
+
+def make_corpus(path: str, num_tokens: int) -> np.ndarray:
+  """Byte tokens of the Python standard library (the default corpus), documents joined by the
+  end-of-document id, as uint16: training documents first, then validation documents filling
+  the last 1/32 (`split_corpus`). Written to `path` when given."""
+  from simplified_flax.data import local_files, tokenizers  # pylint: disable=import-outside-toplevel
+  tokenizer = tokenizers.ByteTokenizer()
+  splits = local_files.assign_splits(local_files.python_documents([local_files.stdlib_root()]))
+  parts_by_split = []
+  for split, budget in (("train", num_tokens - num_tokens // 32), ("validation", num_tokens // 32)):
+    pieces, total = [], 0
+    for _, text in local_files.read_documents(splits[split], json_key="text"):
+      ids = np.append(tokenizer.encode_array(text), tokenizer.eod_id).astype(np.uint16)
+      pieces.append(ids[:budget - total])
+      total += len(pieces[-1])
+      if total >= budget:
+        break
+    parts_by_split.append(np.concatenate(pieces))
+  tokens_N = np.concatenate(parts_by_split)
+  if path:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    np.save(path, tokens_N)
+  return tokens_N
+
+
+def split_corpus(tokens_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  cut = len(tokens_N) - len(tokens_N) // 32
+  return tokens_N[:cut], tokens_N[cut:]
+
+
+def grad_rules_variants(overrides: dict) -> dict:
+  """Pre-LN and SAS-P with the CPU gradient rules the other way from this backend's default
+  (on where the default is off), when the config has the switch."""
+  if "grad_rules" not in configs.load("preln").model:
+    return {}
+  other = "off" if jax.default_backend() == "cpu" else "on"
+  return {f"{v}+grad_rules={other}": configs.load(v, dict(overrides, **{"model.grad_rules": other}))
+          for v in ("preln", "sas_p")}
+
+
+def run_check(settings: dict, corpus_N: np.ndarray, parts_wanted: str, save) -> dict:
+  """Runs the wanted parts ("abcd" or a subset) in order; `save(results)` after each, so a run
+  stopped by a time limit keeps what it finished."""
+  results = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+             "device_count": jax.device_count(), "jax": jax.__version__,
+             "date": datetime.date.today().isoformat(), "wall_s": 0.0}
+  started = time.perf_counter()
+
+  def done(key, value):
+    results[key] = value
+    results["wall_s"] = time.perf_counter() - started
+    save(results)
+
+  if "a" in parts_wanted:
+    done("equalities", parts.attention_equalities(settings["attention_shape"])
+         + parts.model_equalities("sas_p", settings["model_check"]))
+  if "b" in parts_wanted:
+    named = {v: configs.load(v, settings["bench"]) for v in BENCH_VARIANTS}
+    named["sas_p/fused"] = configs.load("sas_p", dict(settings["bench"], **{
+        "model.attention_impl": "fused"}))
+    named.update(grad_rules_variants(settings["bench"]))
+    runners = parts.make_runners(named, settings["bench_batches"])
+    done("throughput", parts.throughput(runners, settings["rounds"], settings["steps"],
+                                        settings["matmul_size"]))
+    del runners
+    print(benchmark.table(results["throughput"]), flush=True)
+  if "c" in parts_wanted:
+    done("long_context", parts.long_context("sas_p", settings["long"], settings["lengths"],
+                                            settings["long_steps"]))
+  if "d" in parts_wanted:
+    train_N, eval_N = split_corpus(corpus_N)
+    done("training", parts.train_comparison(
+        {v: configs.load(v, settings["train"]) for v in TRAIN_VARIANTS}, train_N, eval_N,
+        log_every=settings["log_every"], eval_every=settings["eval_every"],
+        eval_batches=settings["eval_batches"]))
+  return results
+
+
+# ------------------------------------------------------------------------------------ report
+
+def _fmt(value, spec: str) -> str:
+  return "-" if value is None else format(value, spec)
+
+
+def report(results: dict, output: str, command: str) -> str:
+  """Writes the plots and returns the markdown report of `run_check`'s results."""
+  lines = [f"# Accelerator check: {results['device']} ({results['backend']}, jax {results['jax']})",
+           "", f"`{command}` ({results['date']}, {results['wall_s']:.0f} s in all)", ""]
+  for key, section in (("equalities", _equalities), ("throughput", _throughput),
+                       ("long_context", _long_context), ("training", _training)):
+    if key in results:
+      lines += section(results[key], output)
+  return "\n".join(lines)
+
+
+def _equalities(rows: list, output: str) -> list:
+  del output
+  lines = ["## a. Equalities (relative error ||fused - explicit|| / ||explicit||)", ""]
+  return lines + report_lib.markdown_table(
+      ["check", "dtype", "relative error", "tolerance", "ok", "fused path on cuDNN"],
+      [[r["check"], r["dtype"], _fmt(r.get("rel_error"), ".2e"), _fmt(r.get("tolerance"), ".0e"),
+        {True: "yes", False: "**NO**", None: r.get("note", "-")}[r["ok"]],
+        {True: "yes", False: "no", None: "-"}[r.get("fused_path_uses_cudnn")]]
+       for r in rows], align="llrrll") + [""]
+
+
+def _throughput(bench: dict, output: str) -> list:
+  first = next(iter(bench.values()))
+  lines = [f"## b. Throughput at B={first['batch_size']} T={first['seq_len']} "
+            f"L={first['n_layer']} D={first['n_embd']} V={first['vocab_size']}, {first['dtype']}",
+            "", "Ratios are paired within rounds (each round times every config once).", ""]
+  lines += report_lib.markdown_table(
+      ["config", "params", "tokens/s", "x Pre-LN", "paper", "MFU (measured peak)",
+       "MFU (nominal)", "memory", "compile"],
+      [[name, f"{r['params_trainable'] / 1e6:.1f}M", f"{r['tokens_per_sec']:,.0f}",
+        f"{r['speedup_paired']:.3f}", _fmt(PAPER_SPEEDUPS.get(name), ".2f"),
+        f"{100 * r['mfu']:.1f}%", _fmt(r["mfu_nominal"] and 100 * r["mfu_nominal"], ".1f"),
+        f"{r['memory_bytes'] / 2**30:.2f} GiB", f"{r['compile_s']:.0f} s"]
+       for name, r in bench.items()])
+  report_lib.plot_bars({n: r["speedup_paired"] for n, r in bench.items()},
+                       os.path.join(output, "throughput.png"), reference=1.0,
+                       title="Training throughput relative to Pre-LN", ylabel="x Pre-LN")
+  return lines + ["", "![throughput](throughput.png)", ""]
+
+
+def _long_context(rows: list, output: str) -> list:
+  del output
+  return ["## c. Long context (SAS-P)", ""] + report_lib.markdown_table(
+      ["T", "attention", "step memory", "step time", "tokens/s"],
+      [[r["seq_len"], r["attention_impl"]] + (["out of memory", "-", "-"] if r["oom"] else [
+          f"{r['memory_bytes'] / 2**30:.2f} GiB", f"{1e3 * r['step_time_s']:.1f} ms",
+          f"{r['tokens_per_sec']:,.0f}"]) for r in rows], align="rlrrr") + [""]
+
+
+def _training(train: dict, output: str) -> list:
+  lines = ["## d. Training comparison (same windows, same order)", ""]
+  lines += report_lib.markdown_table(
+      ["variant", "final eval loss", "final train loss", "tokens/s", "training time"],
+      [[n, f"{r['final_eval_loss']:.4f}", f"{r['final_train_loss']:.4f}",
+        f"{r['tokens_per_sec']:,.0f}", f"{r['train_s']:.0f} s"] for n, r in train.items()])
+  histories = {n: r["history"] for n, r in train.items()}
+  report_lib.plot_curves(histories, os.path.join(output, "loss_vs_step.png"),
+                         title="Training loss vs step")
+  report_lib.plot_curves(histories, os.path.join(output, "loss_vs_time.png"), x="time_s",
+                         xlabel="training time (s)", title="Training loss vs training time")
+  return lines + ["", "![loss vs step](loss_vs_step.png) ![loss vs time](loss_vs_time.png)", ""]
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--tiny", action="store_true", help="every part at toy sizes (CPU, CI)")
+  parser.add_argument("--corpus", help="the byte corpus .npy (--make_corpus); default: made "
+                      "now from the standard library (needs the data dependencies)")
+  parser.add_argument("--parts", default="abcd", help="which parts to run (see above)")
+  parser.add_argument("--make_corpus", metavar="PATH", help="only write the corpus .npy")
+  parser.add_argument("--output", default=None, help="report folder (default "
+                      "experiments/results/<device>)")
+  args = parser.parse_args(argv)
+  settings = TINY if args.tiny else FULL
+  if args.make_corpus:
+    tokens_N = make_corpus(args.make_corpus, settings["corpus_tokens"])
+    print(f"Wrote {len(tokens_N):,} tokens ({tokens_N.nbytes / 2**20:.1f} MiB) to "
+          f"{args.make_corpus}")
+    return 0
+  if args.corpus and not os.path.exists(args.corpus):
+    parser.error(f"--corpus={args.corpus} does not exist; write it first with "
+                 f"--make_corpus={args.corpus}")
+  corpus_N = (np.load(args.corpus) if args.corpus
+              else make_corpus("", settings["corpus_tokens"]))
+  device = jax.devices()[0].device_kind.lower().replace("nvidia ", "").replace(" ", "_")
+  output = args.output or os.path.join(report_lib.REPO_ROOT, "experiments", "results", device)
+  os.makedirs(output, exist_ok=True)
+  command = "python experiments/accelerator_check.py " + " ".join(argv or sys.argv[1:])
+
+  def save(results):
+    results["command"] = command
+    report_lib.write_report(output, report(results, output, command), results)
+
+  results = run_check(settings, corpus_N, args.parts, save)
+  failed = [r["check"] + " " + r["dtype"] for r in results.get("equalities", [])
+            if r["ok"] is False]
+  print(f"Wrote {output}/report.md, results.json and plots; "
+        + (f"FAILED equalities: {failed}" if failed else "every equality holds."))
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
