@@ -1,0 +1,49 @@
+"""`experiments/accelerator_check.py --tiny`: every part of the accelerator check runs on a CPU
+and writes its report, so the command that runs on a GPU/TPU host is known to work."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from test_train_loop import REPO, subprocess_env
+
+SCRIPT = REPO / "experiments" / "accelerator_check.py"
+
+
+def _run(*args):
+  return subprocess.run([sys.executable, str(SCRIPT), *args], env=subprocess_env(), cwd=REPO,
+                        capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_tiny_check_runs_every_part_on_the_shipped_corpus_format(tmp_path):
+  corpus = tmp_path / "corpus.npy"
+  made = _run("--tiny", f"--make_corpus={corpus}")
+  assert made.returncode == 0, made.stderr[-3000:]
+  tokens_N = np.load(corpus)
+  assert tokens_N.dtype == np.uint16 and tokens_N.size == 1 << 18 and tokens_N.max() < 259
+
+  out = tmp_path / "report"
+  done = _run("--tiny", f"--corpus={corpus}", f"--output={out}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  results = json.loads((out / "results.json").read_text())
+  assert {"equalities", "throughput", "long_context", "training"} <= set(results)
+  assert all(row["ok"] for row in results["equalities"])
+  assert {"preln", "sas", "sas_p", "sas_p_nonorm", "sas_p/fused"} <= set(results["throughput"])
+  assert [(r["seq_len"], r["attention_impl"]) for r in results["long_context"]] == [
+      (64, "explicit"), (64, "fused"), (128, "explicit"), (128, "fused")]
+  for name in ("preln", "sas", "sas_p"):
+    history = results["training"][name]["history"]
+    assert [r["step"] for r in history if "eval_loss" in r] == [10, 20]
+    assert np.isfinite(results["training"][name]["final_eval_loss"])
+  report = (out / "report.md").read_text()
+  for section in ("## a.", "## b.", "## c.", "## d."):
+    assert section in report
+  for png in ("throughput.png", "loss_vs_step.png", "loss_vs_time.png"):
+    assert (out / png).stat().st_size > 0
+
+
+def test_missing_corpus_is_one_clear_error(tmp_path):
+  done = _run("--tiny", f"--corpus={tmp_path / 'nope.npy'}")
+  assert done.returncode == 2
+  assert "--make_corpus" in done.stderr and "Traceback" not in done.stderr
