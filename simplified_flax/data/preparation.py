@@ -44,14 +44,15 @@ class _Progress:
     self._label, self._total, self._every = label, total_docs, every
     self._start_docs, self.docs, self.tokens = done_docs, done_docs, 0
     self._start = self._last = time.perf_counter()
+    self._printed_docs = None
 
   def update(self, docs: int, tokens: int, final: bool = False) -> None:
     self.docs += docs
     self.tokens += tokens
     now = time.perf_counter()
-    if not final and now - self._last < self._every:
+    if (not final and now - self._last < self._every) or self.docs == self._printed_docs:
       return
-    self._last = now
+    self._last, self._printed_docs = now, self.docs
     rate = (self.docs - self._start_docs) / max(now - self._start, 1e-9)
     line = f"prepare {self._label}: {self.docs:,} documents"
     if self._total:

@@ -34,7 +34,7 @@ class RowSource:
   def num_rows(self) -> int:
     if self.packing:
       return sequences.num_packed_rows(self.split, self.seq_len)
-    return int((np.diff(self.split.doc_starts_D1) - 1).__floordiv__(self.seq_len).sum())
+    return int(((np.diff(self.split.doc_starts_D1) - 1) // self.seq_len).sum())
 
   def rows(self, ids_B: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """(tokens int32[B, T], segment_ids int32[B, T] or None without packing)."""
