@@ -50,7 +50,7 @@ def test_million_documents_prepare_train_kill_resume(tmp_path):
 
   # Train, SIGKILL after the step-4 checkpoint, resume to the end.
   workdir = tmp_path / "run"
-  env = subprocess_env()
+  env = subprocess_env(cache_dir=str(tmp_path / "jax_cache"))  # the resumed run skips compiling
   proc = start_training(workdir, overrides, env)
   wait_for_rows(workdir, proc, 25)
   proc.send_signal(signal.SIGKILL)

@@ -19,11 +19,11 @@ _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def mix64(x_U64: np.ndarray) -> np.ndarray:
-  """splitmix64's finaliser: a fast, well-mixing map of uint64 words."""
-  with np.errstate(over="ignore"):
-    x_U64 = (x_U64 ^ (x_U64 >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x_U64 = (x_U64 ^ (x_U64 >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x_U64 ^ (x_U64 >> np.uint64(31))
+  """splitmix64's finaliser: a fast, well-mixing map of uint64 arrays (wrapping arithmetic;
+  numpy does not warn on array overflow, and an errstate here would cost more than the mix)."""
+  x_U64 = (x_U64 ^ (x_U64 >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  x_U64 = (x_U64 ^ (x_U64 >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  return x_U64 ^ (x_U64 >> np.uint64(31))
 
 
 class IndexShuffle:
