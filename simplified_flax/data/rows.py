@@ -48,12 +48,20 @@ class ShardedRows:
   """The rows of every shard of a prepared split, under one id space (see module doc)."""
 
   def __init__(self, prepared: PreparedSplit, *, seq_len: int, packing: bool, pad_id: int):
-    self.seq_len, self.packing = seq_len, packing
-    self._sources = [RowSource(prepared.shard(i), seq_len, packing, pad_id)
-                     for i in range(prepared.num_shards)]
-    rows_S = np.array([s.num_rows for s in self._sources], np.int64)
-    self._first_row_S1 = np.concatenate([[0], np.cumsum(rows_S)])
+    self.seq_len, self.packing, self._pad_id = seq_len, packing, pad_id
+    self._prepared = prepared
+    if packing:  # from the manifest: no shard is opened here
+      rows_S = -(-prepared.shard_num_tokens // seq_len)
+    else:        # from the document offsets alone
+      rows_S = np.array([((np.diff(prepared.doc_starts(i)) - 1) // seq_len).sum()
+                         for i in range(prepared.num_shards)], np.int64)
+    self._first_row_S1 = np.concatenate([[0], np.cumsum(rows_S)]).astype(np.int64)
     self.num_rows = int(self._first_row_S1[-1])
+
+  @functools.lru_cache(maxsize=None)
+  def _source(self, shard: int) -> RowSource:
+    """Shard `shard`'s rows, opened the first time a batch needs one."""
+    return RowSource(self._prepared.shard(shard), self.seq_len, self.packing, self._pad_id)
 
   def rows(self, ids_B: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """(tokens int32[B, T], segment_ids int32[B, T] or None without packing), in ids order."""
@@ -63,7 +71,7 @@ class ShardedRows:
     segments_BxT = np.empty((len(ids_B), self.seq_len), np.int32) if self.packing else None
     for shard in np.unique(shard_B):
       here = np.flatnonzero(shard_B == shard)
-      tokens, segments = self._sources[shard].rows(ids_B[here] - self._first_row_S1[shard])
+      tokens, segments = self._source(int(shard)).rows(ids_B[here] - self._first_row_S1[shard])
       tokens_BxT[here] = tokens
       if segments_BxT is not None:
         segments_BxT[here] = segments

@@ -15,7 +15,8 @@ temporary name and renamed, a shard counts as finished once its docs file exists
 after its tokens), and only the manifest makes the split usable: a killed preparation keeps
 its finished shards and never leaves a split that looks complete.
 
-Local shards are memory-mapped; remote ones are read whole into memory on first use.
+Local shards are memory-mapped; a remote shard's tokens are read whole into memory the first
+time a batch needs one of its rows (its small docs file is read at start-up).
 """
 import dataclasses
 import functools
@@ -95,7 +96,8 @@ def write_manifest(directory: epath.Path, address: Address, num_shards: int) -> 
     docs = _load(_shard_paths(directory, index)[1], mmap=False)
     shard_docs.append(len(docs) - 1)
     shard_tokens.append(int(docs[-1]))
-  manifest = {**address.as_dict(), "num_shards": num_shards, "shard_num_docs": shard_docs, "shard_num_tokens": shard_tokens}
+  manifest = {**address.as_dict(), "num_shards": num_shards, "shard_num_docs": shard_docs,
+              "shard_num_tokens": shard_tokens}
   tmp = directory / f"{MANIFEST}.tmp-{os.getpid()}"
   tmp.write_text(json.dumps(manifest, indent=1))
   tmp.rename(directory / MANIFEST)
@@ -128,11 +130,23 @@ class PreparedSplit:
                       f"address. Delete '{directory}' and prepare the split again.")
     return cls(directory, manifest)
 
+  def doc_starts(self, index: int) -> np.ndarray:
+    """int64[D_i + 1] of shard `index` (small: read without its tokens)."""
+    return self.shard(index).doc_starts_D1 if self._is_local else self._docs(index)
+
+  @functools.lru_cache(maxsize=None)
+  def _docs(self, index: int) -> np.ndarray:
+    return _load(_shard_paths(self.directory, index)[1], mmap=False)
+
+  @property
+  def _is_local(self) -> bool:
+    return "://" not in os.fspath(self.directory)
+
   @functools.lru_cache(maxsize=None)
   def shard(self, index: int) -> TokenizedSplit:
     tokens_path, docs_path = _shard_paths(self.directory, index)
     try:
-      split = TokenizedSplit(_load(tokens_path, mmap=True), _load(docs_path, mmap=False))
+      split = TokenizedSplit(_load(tokens_path, mmap=True), self._docs(index))
     except (OSError, ValueError) as e:
       raise DataError(f"Shard {index} of '{self.directory}' cannot be read ({e}). Delete the "
                       "directory and prepare the split again.") from None
