@@ -3,7 +3,7 @@
     corpus = LocalCorpus.python_code(["/src/a"])       # or None: the interpreter's stdlib
     corpus = LocalCorpus.text_files(["docs/*.jsonl"], json_key="text")
     corpus.identity                                     # "text_files/files-3f9a0c1b2d4e"
-    for text in corpus.documents("train"): ...          # a fixed order: files sorted, lines in order
+    for text in corpus.documents("train"): ...          # files sorted, lines in order
 
 `identity` hashes the file list with each file's size and modification time, so editing,
 adding or removing a file gives a new identity (and so new prepared shards), while the same

@@ -100,8 +100,8 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
           done = finished_index + 1
   progress.update(0, 0, final=True)
   if done == 0:
-    raise DataError(f"The split '{split}' of dataset '{corpus.identity}' is empty (no document with "
-                    f"text under feature '{corpus.text_key}'). Check data.name, data.text_key "
+    raise DataError(f"The split '{split}' of dataset '{corpus.identity}' is empty (no document "
+                    f"with text under feature '{corpus.text_key}'). Check data.name, data.text_key "
                     "and the split names.")
   shards.write_manifest(directory, address, done)
   return PreparedSplit.open(root, address)
