@@ -112,15 +112,15 @@ def data_config() -> ml_collections.ConfigDict:
   d.paths = _placeholder(str)        # comma-separated files/globs for text_files
   d.json_key = "text"                # field of each JSON-lines record that holds the text
   d.tfds_data_dir = _placeholder(str)  # default: tfds's own (~/tensorflow_datasets)
-  d.cache_dir = _placeholder(str)    # tokenized splits; default: next to the prepared data
+  d.cache_dir = _placeholder(str)    # root of prepared token shards (local or gs://);
+                                     # default: <tfds_data_dir>/token_shards
+  d.shard_docs = 50_000              # documents per prepared shard (part of the shards' address)
   d.tokenizer = "byte"               # "byte" or "sentencepiece"
   d.spm_vocab_size = 8192
   d.spm_model_path = _placeholder(str)  # an existing SentencePiece model (else train one)
   d.spm_train_chars = 10_000_000     # SentencePiece trains on this many leading characters
   d.packing = False                  # False: windows of T per document (the paper's way)
   d.mlm_rate = 0.15
-  d.streaming = _placeholder(bool)   # None: stream only train splits over 1 GiB on disk
-  d.shuffle_buffer = 10_000          # streaming only (in memory the shuffle is exact)
   d.prefetch = 2                     # batches made ahead by a background thread (0: none)
   return d
 

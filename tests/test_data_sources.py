@@ -1,13 +1,13 @@
-"""The local tfds builders: preparation once, stable splits, and clear errors on bad input."""
+"""Local corpora read from files: documents, stable splits, identities, clear errors on bad
+input."""
 import json
 import os
 
 import pytest
-import tensorflow_datasets as tfds
 
 from simplified_flax.data import corpus as corpus_lib
 from simplified_flax.data import local_files
-from simplified_flax.data import sources
+from simplified_flax.data.local_corpus import LocalCorpus
 from simplified_flax.data.errors import DataError
 
 
@@ -25,62 +25,43 @@ def _write_python_root(root, num_files=30):
   return root
 
 
-def _documents(builder, split):
-  return {ex["path"].decode(): ex["content"].decode()
-          for ex in tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False))}
+def _texts(corpus, split):
+  return list(corpus.documents(split))
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-  root = _write_python_root(tmp_path_factory.mktemp("root"))
-  data_dir = tmp_path_factory.mktemp("tfds")
-  builder = sources.PythonCode(config=sources.python_code_config([str(root)]),
-                               data_dir=str(data_dir))
-  sources.prepare(builder)
-  return root, data_dir, builder
-
-
-def test_python_code_prepares_documents_and_splits(prepared):
-  root, _, builder = prepared
-  train, validation = _documents(builder, "train"), _documents(builder, "validation")
-  assert validation and not set(train) & set(validation)
-  assert set(train) | set(validation) == {f"pkg{i % 3}/mod{i}.py" for i in range(30)}
-  assert train.get("pkg1/mod1.py", validation.get("pkg1/mod1.py")) == (
-      root / "pkg1" / "mod1.py").read_text()
+def test_python_code_documents_and_splits(tmp_path):
+  root = _write_python_root(tmp_path)
+  corpus = LocalCorpus.python_code([str(root)])
+  train, validation = _texts(corpus, "train"), _texts(corpus, "validation")
+  assert validation and train and corpus.num_documents("train") == len(train)
+  expected = {(root / f"pkg{i % 3}" / f"mod{i}.py").read_text() for i in range(30)}
+  assert sorted(train + validation) == sorted(expected)  # each file once; skipped files absent
   # The split is a stable hash of the relative path (one document may be moved to validation
   # when the hash leaves it empty).
-  assert all(local_files.split_of(name) == "train" for name in train)
-  assert sum(local_files.split_of(name) == "train" for name in validation) <= 1
+  splits = local_files.assign_splits(local_files.python_documents([str(root)]))
+  assert all(local_files.split_of(g.name) == "train" for g in splits["train"])
+  assert sum(local_files.split_of(g.name) == "train" for g in splits["validation"]) <= 1
 
 
-def test_second_run_reuses_the_preparation(prepared, monkeypatch):
-  root, data_dir, builder = prepared
-  info_file = os.path.join(builder.data_dir, "dataset_info.json")
-  mtime = os.path.getmtime(info_file)
-
-  def must_not_run(*args, **kwargs):
-    raise AssertionError("the builder ran again")
-
-  monkeypatch.setattr(sources.PythonCode, "_split_generators", must_not_run)
-  again = sources.PythonCode(config=sources.python_code_config([str(root)]),
-                             data_dir=str(data_dir))
-  sources.prepare(again)
-  assert again.data_dir == builder.data_dir
-  assert os.path.getmtime(info_file) == mtime
-  assert again.info.splits["train"].num_examples == builder.info.splits["train"].num_examples
+def test_documents_from_a_start_skip_the_ones_before(tmp_path):
+  corpus = LocalCorpus.python_code([str(_write_python_root(tmp_path))])
+  assert _texts(corpus, "train")[5:] == list(corpus.documents("train", start=5))
 
 
-def test_different_roots_get_their_own_preparation(prepared, tmp_path):
-  root, _, builder = prepared
+def test_identity_follows_the_files(tmp_path):
+  root = _write_python_root(tmp_path / "root")
+  identity = LocalCorpus.python_code([str(root)]).identity
+  assert LocalCorpus.python_code([str(root)]).identity == identity
   other = _write_python_root(tmp_path / "other", num_files=4)
-  assert sources.python_code_config([str(other)]).name != builder.builder_config.name
-  assert sources.python_code_config([str(root)]).name == builder.builder_config.name
+  assert LocalCorpus.python_code([str(other)]).identity != identity
+  (root / "pkg0" / "mod0.py").write_text("def changed():\n    pass\n")  # new size and mtime
+  assert LocalCorpus.python_code([str(root)]).identity != identity
 
 
-def test_default_config_is_the_stdlib():
-  config = sources.python_code_config(None)
-  assert config.roots == (local_files.stdlib_root(),)
-  assert config.name.startswith("stdlib-py")
+def test_default_corpus_is_the_stdlib():
+  corpus = LocalCorpus.python_code(None)
+  assert corpus.roots == (local_files.stdlib_root(),)
+  assert corpus.identity.startswith("python_code/stdlib-")
 
 
 def test_stdlib_walk_skips_site_packages():
@@ -90,7 +71,7 @@ def test_stdlib_walk_skips_site_packages():
 
 
 def test_tiny_corpus_still_gets_a_validation_document():
-  docs = [local_files.DocRef(name=f"f{i}.py", abs_path=f"/x/f{i}.py") for i in range(2)]
+  docs = [local_files.DocGroup(name=f"f{i}.py", abs_path=f"/x/f{i}.py") for i in range(2)]
   splits = local_files.assign_splits(docs)
   assert len(splits["train"]) == 1 and len(splits["validation"]) == 1
   assert splits == local_files.assign_splits(list(reversed(docs)))
@@ -103,15 +84,13 @@ def test_text_files_reads_plain_and_jsonl(tmp_path):
     for i in range(20):
       f.write(json.dumps({"body": f"json document {i}"}) + "\n")
     f.write("\n")
-  builder = sources.TextFiles(
-      config=sources.text_files_config([str(tmp_path / "*.txt"), str(tmp_path / "c.jsonl")],
-                                       json_key="body"),
-      data_dir=str(tmp_path / "tfds"))
-  sources.prepare(builder)
-  docs = {**_documents(builder, "train"), **_documents(builder, "validation")}
-  assert docs["a.txt"] == "plain document one"
-  assert docs["c.jsonl:3"] == "json document 2"
-  assert len(docs) == 22
+  corpus = LocalCorpus.text_files([str(tmp_path / "*.txt"), str(tmp_path / "c.jsonl")],
+                                  json_key="body")
+  docs = _texts(corpus, "train") + _texts(corpus, "validation")
+  assert sorted(docs) == sorted(["plain document one", "plain document two"] +
+                                [f"json document {i}" for i in range(20)])
+  lines = [g for g in local_files.text_documents([str(tmp_path / "c.jsonl")], "body")]
+  assert lines[0].lines == tuple(range(1, 21))  # the blank last line is no document
 
 
 # ------------------------------------------------------------------------------------------
@@ -187,27 +166,3 @@ def _data_config(**overrides):
   config = base.data_config()
   config.update(overrides)
   return config
-
-
-_PREPARE_IN_SUBPROCESS = """
-import sys
-from simplified_flax.data import sources
-builder = sources.PythonCode(config=sources.python_code_config([sys.argv[1]]), data_dir=sys.argv[2])
-sources.prepare(builder)
-print(builder.info.splits["train"].num_examples)
-"""
-
-
-def test_processes_preparing_at_once_wait_for_each_other(tmp_path):
-  """Several processes of one machine (hosts, test workers) may open the same corpus at once."""
-  import subprocess
-  import sys
-  root = _write_python_root(tmp_path / "root")
-  data_dir = tmp_path / "tfds"
-  procs = [subprocess.Popen([sys.executable, "-c", _PREPARE_IN_SUBPROCESS, str(root),
-                             str(data_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True) for _ in range(2)]
-  outputs = [p.communicate(timeout=300) for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
-  counts = [out.strip().splitlines()[-1] for out, _ in outputs]
-  assert counts[0] == counts[1] == "29"

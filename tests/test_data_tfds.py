@@ -1,4 +1,4 @@
-"""Datasets by tfds name (offline, under tfds.testing.mock_data), the streaming path, and the
+"""Datasets by tfds name (offline, under tfds.testing.mock_data), prepared in shards, and the
 real default corpus (slow)."""
 import json
 import time
@@ -9,9 +9,7 @@ import tensorflow_datasets as tfds
 
 from configs import base
 from simplified_flax.data import build_pipeline
-from simplified_flax.data import corpus as corpus_lib
-from simplified_flax.data import sources
-from simplified_flax.data import streaming
+from simplified_flax.data import tfds_corpus
 from simplified_flax.data.errors import DataError
 
 T, BATCH = 8, 4
@@ -80,46 +78,27 @@ def test_text_files_by_config(tmp_path):
 def test_text_key_missing_from_a_dataset_is_an_error():
   with pytest.raises(DataError, match=r"dataset 'squad' has no feature 'content'; its text "
                      r"features are \['title', 'context', 'question'\]"):
-    corpus_lib._text_key(tfds.builder("squad"), "content")  # pylint: disable=protected-access
+    tfds_corpus._text_key(tfds.builder("squad"), "content")  # pylint: disable=protected-access
 
 
-def test_streaming_is_deterministic_and_resumes_exactly(tmp_path):
-  config = _config(tmp_path, "encoder", name="lm1b", eval_split="test", streaming=True,
-                   packing=True, shuffle_buffer=16)
+def test_tfds_corpus_in_several_shards_resumes_exactly(tmp_path):
+  config = _config(tmp_path, "encoder", name="lm1b", eval_split="test", packing=True,
+                   shard_docs=16)
   with _mock(tmp_path, 64):
     pipeline = build_pipeline(config, process_index=0, process_count=1)
     iterator = pipeline.train_iterator()
-    _take(iterator, 30)  # past the end of the 64 documents: the stream repeats
+    per_epoch = pipeline.description["rows_per_epoch"] // BATCH
+    _take(iterator, per_epoch + 1)
     state = json.loads(json.dumps(iterator.get_state()))
     expected = _take(iterator, 4)
     again = build_pipeline(config, process_index=0, process_count=1).train_iterator()
     again.set_state(state)
     _assert_same(_take(again, 4), expected)
-    fresh = build_pipeline(config, process_index=0, process_count=1)
-    _assert_same(_take(pipeline.train_iterator(), 6), _take(fresh.train_iterator(), 6))
     evals = list(pipeline.eval_batches(3))
     _assert_same(evals, list(pipeline.eval_batches(3)))
-  assert state["data"]["streaming"] and expected[0]["segment_ids"].shape == (BATCH, T)
+  assert (state["epoch"], state["position"]) == (1, 1)
   assert set(expected[0]) == {"inputs", "targets", "weights", "key_mask", "segment_ids"}
-
-
-def test_streaming_shards_are_disjoint_and_cover_the_split(tmp_path):
-  root = tmp_path / "root"
-  root.mkdir()
-  for i in range(41):
-    (root / f"m{i}.py").write_text(f"x = {i}\n")
-  builder = sources.PythonCode(config=sources.python_code_config([str(root)]),
-                               data_dir=str(tmp_path / "tfds"))
-  sources.prepare(builder)
-
-  def paths(split):
-    return {ex["path"] for ex in tfds.as_numpy(builder.as_dataset(split=split))}
-
-  everything = paths("train")
-  shards = [paths(streaming.process_split("train", p, 2)) for p in range(2)]
-  assert not shards[0] & shards[1]
-  assert len(shards[0]) == len(shards[1]) == len(everything) // 2  # the remainder is dropped
-  assert len(everything - shards[0] - shards[1]) == len(everything) % 2
+  assert len(list(tmp_path.glob("token_shards/lm1b*.train.*/docs-*.npy"))) == 4
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Data for training: corpora (tfds), tokenizers, windows or packed rows, MLM, the iterator.
+"""Data for training: corpora (local files or tfds), tokenizers, prepared token shards,
+windows or packed rows, MLM, the iterator (README, "Data").
 
     from simplified_flax.data import build_pipeline
     pipeline = build_pipeline(config, workdir=workdir)   # sets config.model.vocab_size if None
@@ -12,6 +13,9 @@ Batches (T = config.model.context_length):
             (1.0 at the masked positions that are scored), "key_mask": bool[b, T] (True = real
             token)} (+ "segment_ids" with data.packing)
 segment_ids number documents 1, 2, ... within a row and are 0 on padding (packing only).
+
+Shards are made by `python -m simplified_flax.prepare` (or, for a small corpus, by
+`build_pipeline` itself). Importing this package loads no TensorFlow.
 """
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.iterator import CheckpointableIterator

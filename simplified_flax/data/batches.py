@@ -1,51 +1,34 @@
-"""Rows and batches of an in-memory tokenized split: pure functions of (seed, batch index).
+"""Batches of a prepared split: pure functions of (seed, batch index).
 
-The global training stream: epoch e visits every row once in the order of a permutation
-seeded by (seed, e); global batch k holds rows perm[j*B : (j+1)*B] of epoch k // (R // B)
-(j = k mod (R // B); the R mod B rows left at an epoch's end are skipped that epoch). Process p
-of P yields the p-th contiguous slice of b = B / P rows of each global batch, so the processes'
-rows are disjoint, together they are the global batch, and the stream does not depend on P.
+The global training stream: epoch e visits every row once in the order of a bijection
+`perm_e` of the R row ids seeded by (seed, e) (`index_shuffle.py`: a global shuffle across all
+shards that is computed per index, never materialised); global batch k holds rows
+perm_e(j*B .. (j+1)*B - 1) with e, j = divmod(k, R // B) (the R mod B rows left at an epoch's
+end are skipped that epoch). Process p of P computes and reads only the p-th contiguous slice
+of b = B / P positions of each global batch, so the processes' rows are disjoint, together
+they are the global batch, and the stream does not depend on P.
 
-The shuffle is exact (a full permutation), so `data.shuffle_buffer` plays no part here.
+So batch k needs no earlier batch: the iterator state is (epoch, position in epoch, seed).
 """
 import dataclasses
-import functools
+from typing import Protocol
 
 import numpy as np
 
 from simplified_flax.data import mlm
-from simplified_flax.data import sequences
-from simplified_flax.data.sequences import TokenizedSplit
+from simplified_flax.data.index_shuffle import IndexShuffle
 
 # Independent random streams per purpose, all derived from the config seed.
 _TRAIN_ORDER, _TRAIN_MASKS, _EVAL_ORDER, _EVAL_MASKS = 1, 2, 3, 4
 EVAL_SEED = 0  # eval windows and masks ignore config.seed, so every run scores the same data
 
 
-@dataclasses.dataclass(frozen=True)
-class RowSource:
-  """The rows of one split: windows of exactly T tokens, or packed rows with segment ids."""
-  split: TokenizedSplit
+class Rows(Protocol):
+  """Rows named by ids 0 .. num_rows - 1 (`rows.py`)."""
+  num_rows: int
   seq_len: int
-  packing: bool
-  pad_id: int
 
-  @functools.cached_property
-  def _window_starts(self) -> np.ndarray:
-    return sequences.window_starts(self.split, self.seq_len)
-
-  @property
-  def num_rows(self) -> int:
-    if self.packing:
-      return sequences.num_packed_rows(self.split, self.seq_len)
-    return len(self._window_starts)
-
-  def rows(self, ids_B: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """(tokens int32[B, T], segment_ids int32[B, T] or None without packing)."""
-    if self.packing:
-      return sequences.gather_packed_rows(self.split, ids_B, self.seq_len, self.pad_id)
-    return sequences.gather_windows(self.split.tokens_N, self._window_starts[ids_B],
-                                    self.seq_len), None
+  def rows(self, ids_B: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,43 +74,47 @@ class Sharding:
 class BatchMaker:
   """Global batch k of the training stream or of the fixed evaluation stream."""
 
-  def __init__(self, source: RowSource, fmt: BatchFormat, sharding: Sharding, seed: int):
+  def __init__(self, source: Rows, fmt: BatchFormat, sharding: Sharding, seed: int):
     self.source, self.fmt, self.sharding, self.seed = source, fmt, sharding, seed
     self.batches_per_epoch = source.num_rows // sharding.global_batch
-    self._cached_permutation = (-1, np.zeros(0, np.int64))  # (epoch, order), swapped atomically
+    self._epoch_order = (-1, None)  # (epoch, IndexShuffle), swapped atomically
+    self._eval_order = IndexShuffle(max(source.num_rows, 1), [EVAL_SEED, _EVAL_ORDER])
 
-  def _permutation(self, epoch: int) -> np.ndarray:
-    cached_epoch, order = self._cached_permutation
+  def _order(self, epoch: int) -> IndexShuffle:
+    cached_epoch, order = self._epoch_order
     if cached_epoch != epoch:
-      order = np.random.default_rng([self.seed, _TRAIN_ORDER, epoch]).permutation(
-          self.source.num_rows)
-      self._cached_permutation = (epoch, order)
+      order = IndexShuffle(self.source.num_rows, [self.seed, _TRAIN_ORDER, epoch])
+      self._epoch_order = (epoch, order)
     return order
 
-  @functools.cached_property
-  def _eval_order(self) -> np.ndarray:
-    # A fixed shuffle spreads the eval batches over the whole split, not its first documents.
-    return np.random.default_rng([EVAL_SEED, _EVAL_ORDER]).permutation(self.source.num_rows)
+  def position(self, k: int) -> tuple[int, int]:
+    """(epoch, batch within the epoch) of global batch k."""
+    return divmod(k, self.batches_per_epoch)
 
   def train_batch(self, k: int) -> dict[str, np.ndarray]:
-    epoch, j = divmod(k, self.batches_per_epoch)
-    B = self.sharding.global_batch
-    ids_B = self._permutation(epoch)[j * B:(j + 1) * B]
-    return self._batch(ids_B, [self.seed, _TRAIN_MASKS, k])
+    epoch, j = self.position(k)
+    local = self.sharding.rows
+    ids_b = self._order(epoch)(j * self.sharding.global_batch + np.arange(local.start,
+                                                                           local.stop))
+    return self._batch(ids_b, [self.seed, _TRAIN_MASKS, k])
 
   def eval_batch(self, k: int) -> dict[str, np.ndarray]:
-    """Batch k of the eval split; wraps around when the split has fewer than (k+1)*B rows."""
-    B = self.sharding.global_batch
-    ids_B = self._eval_order[(k * B + np.arange(B)) % self.source.num_rows]
-    return self._batch(ids_B, [EVAL_SEED, _EVAL_MASKS, k])
-
-  def _batch(self, ids_B: np.ndarray, mask_seed: list[int]) -> dict[str, np.ndarray]:
+    """Batch k of the eval split; wraps around when the split has fewer than (k+1)*B rows.
+    A fixed shuffle spreads the eval batches over the whole split, not its first documents."""
     local = self.sharding.rows
-    tokens_bxT, segments_bxT = self.source.rows(ids_B[local])
+    positions_b = (k * self.sharding.global_batch + np.arange(local.start, local.stop))
+    return self._batch(self._eval_order(positions_b % self.source.num_rows),
+                       [EVAL_SEED, _EVAL_MASKS, k])
+
+  def _batch(self, ids_b: np.ndarray, mask_seed: list[int]) -> dict[str, np.ndarray]:
+    """This process's rows `ids_b` as a batch; MLM noise is drawn for the global batch and
+    sliced, so masks do not depend on the process count."""
+    tokens_bxT, segments_bxT = self.source.rows(ids_b)
     noise = None
     if self.fmt.kind == "encoder":
-      # Drawn for the whole global batch, then sliced: masks do not depend on process count.
+      local = self.sharding.rows
       noise = mlm.draw_noise(np.random.default_rng(mask_seed),
-                             (len(ids_B), self.source.seq_len), self.fmt.first_regular_id,
+                             (self.sharding.global_batch, self.source.seq_len),
+                             self.fmt.first_regular_id,
                              self.fmt.vocab_size).rows(local.start, local.stop)
     return self.fmt.make(tokens_bxT, segments_bxT, noise)

@@ -1,14 +1,16 @@
 """Finding, validating and splitting the documents of a local corpus (pure file-system code).
 
-Two kinds of local corpus feed the tfds builders of `sources.py`:
+Two kinds of local corpus (read by `local_corpus.py`):
   * `python_code`: every `*.py` file under a list of root directories (default: the running
     interpreter's standard library), one document per file;
   * `text_files`: a list of files or globs; a `.jsonl` file holds one document per line (a JSON
     object whose `json_key` field is the text), any other file is one document.
 
 A document goes to the validation split when a stable hash of its name (path relative to its
-root, plus `:line` for JSON-lines) falls in the first `VALIDATION_PERCENT` of buckets, so the
-split never depends on the machine, the file order or the other files.
+root; for a JSON-lines document, a hash of that name mixed with the line number) falls in the
+first `VALIDATION_PERCENT` of buckets, so the split never depends on the machine, the file
+order or the other files. Documents are kept per file (`DocGroup`: a file, or the chosen lines
+of a JSON-lines file), so a million-line file costs arrays, not a million objects.
 """
 import dataclasses
 import glob
@@ -19,8 +21,10 @@ import sysconfig
 from typing import Iterator, Sequence
 
 from absl import logging
+import numpy as np
 
 from simplified_flax.data.errors import DataError
+from simplified_flax.data.index_shuffle import mix64
 
 VALIDATION_PERCENT = 5
 # Installed third-party packages and caches are not part of a source tree's own code.
@@ -28,20 +32,37 @@ PRUNED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", ".git"
                          ".svn", ".tox", ".venv", "node_modules"})
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 _GLOB_CHARS = frozenset("*?[")
+_JSONL_BATCH = 10_000  # lines parsed by one json.loads call
 
 
 @dataclasses.dataclass(frozen=True)
-class DocRef:
-  """Where one document lives: `line` is None for a whole file, else a JSON-lines line (1-based)."""
-  name: str        # stable, root-relative name: hashed for the split, stored as `path`
+class DocGroup:
+  """The documents of one file: the whole file (`lines` None) or some of its JSON lines."""
+  name: str        # stable, root-relative name: hashed for the split
   abs_path: str
-  line: int | None = None
+  lines: tuple[int, ...] | None = None  # 1-based line numbers, ascending
   root_index: int = 0  # tells apart equal names under different roots
 
   @property
-  def key(self) -> str:
-    """Unique and independent of where the roots live, so the prepared order is too."""
-    return f"{self.root_index}/{self.name}"
+  def num_docs(self) -> int:
+    return 1 if self.lines is None else len(self.lines)
+
+  def buckets(self) -> np.ndarray:
+    """int64[num_docs]: each document's hash bucket in [0, 10000) (see `split_of`)."""
+    if self.lines is None:
+      return np.array([_bucket(self.name)], np.int64)
+    # One SHA-256 per file, then a vectorised mix per line: a million lines cost ~0.1 s.
+    seed = np.uint64(int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:8], "big"))
+    mixed = mix64(seed + np.asarray(self.lines, np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    return (mixed % np.uint64(10_000)).astype(np.int64)
+
+  def subset(self, keep: np.ndarray) -> "DocGroup | None":
+    """The documents where `keep` (bool[num_docs]) holds, or None when none does."""
+    if not keep.any():
+      return None
+    if self.lines is None:
+      return self
+    return dataclasses.replace(self, lines=tuple(np.asarray(self.lines)[keep].tolist()))
 
 
 def stdlib_root() -> str:
@@ -50,7 +71,7 @@ def stdlib_root() -> str:
 
 
 def split_of(name: str) -> str:
-  """'validation' for VALIDATION_PERCENT% of names (by a stable hash), else 'train'."""
+  """'validation' for VALIDATION_PERCENT% of whole-file names (by a stable hash), else 'train'."""
   return "validation" if _bucket(name) < VALIDATION_PERCENT * 100 else "train"
 
 
@@ -59,21 +80,27 @@ def _bucket(name: str) -> int:
   return int.from_bytes(digest[:8], "big") % 10_000
 
 
-def assign_splits(docs: Sequence[DocRef]) -> dict[str, list[DocRef]]:
-  """Splits documents by `split_of`; a corpus whose hash leaves validation empty gives it the
-  document with the smallest bucket, so tiny corpora still have an eval split."""
-  if len(docs) < 2:
+def assign_splits(groups: Sequence[DocGroup]) -> dict[str, list[DocGroup]]:
+  """Splits documents by their bucket (the first VALIDATION_PERCENT% go to validation); a
+  corpus whose hash leaves validation empty gives it the document with the smallest bucket,
+  so tiny corpora still have an eval split."""
+  total = sum(g.num_docs for g in groups)
+  if total < 2:
     raise DataError(
-        f"The corpus has {len(docs)} usable document(s); at least 2 are needed so that one can "
+        f"The corpus has {total} usable document(s); at least 2 are needed so that one can "
         "be held out for the validation split. Add files (or, for text_files, use a JSON-lines "
         "file with one document per line).")
+  buckets = [g.buckets() for g in groups]
+  held_out = [b < VALIDATION_PERCENT * 100 for b in buckets]
+  if not any(h.any() for h in held_out):
+    smallest = min(range(len(groups)), key=lambda i: (buckets[i].min(), groups[i].name))
+    held_out[smallest][np.argmin(buckets[smallest])] = True
   splits = {"train": [], "validation": []}
-  for doc in docs:
-    splits[split_of(doc.name)].append(doc)
-  if not splits["validation"]:
-    moved = min(splits["train"], key=lambda d: (_bucket(d.name), d.name))
-    splits["train"].remove(moved)
-    splits["validation"].append(moved)
+  for group, held in zip(groups, held_out):
+    for split, keep in (("train", ~held), ("validation", held)):
+      part = group.subset(keep)
+      if part is not None:
+        splits[split].append(part)
   return splits
 
 
@@ -104,7 +131,7 @@ def walk_python_files(root: str) -> list[str]:
   return sorted(found)
 
 
-def python_documents(roots: Sequence[str]) -> list[DocRef]:
+def python_documents(roots: Sequence[str]) -> list[DocGroup]:
   """The usable `*.py` documents under `roots`, in a stable order.
 
   Files that are not UTF-8 (some test fixtures) or are empty are skipped and counted; a root
@@ -132,7 +159,7 @@ def python_documents(roots: Sequence[str]) -> list[DocRef]:
       else:
         usable += 1
         # Names stay root-relative so the split does not depend on where the root lives.
-        docs.append(DocRef(name=rel, abs_path=os.path.join(root, rel), root_index=root_index))
+        docs.append(DocGroup(name=rel, abs_path=os.path.join(root, rel), root_index=root_index))
     if not_utf8 or empty:
       logging.warning("python_code: under %s skipped %d non-UTF-8 file(s) %s and %d empty file(s).",
                       root, len(not_utf8), not_utf8[:3], empty)
@@ -167,17 +194,18 @@ def expand_paths(patterns: Sequence[str]) -> list[str]:
   return sorted(files)
 
 
-def text_documents(files: Sequence[str], json_key: str) -> list[DocRef]:
+def text_documents(files: Sequence[str], json_key: str) -> list[DocGroup]:
   """One document per plain file, one per non-empty line of a JSON-lines file."""
   base = os.path.commonpath([os.path.dirname(f) for f in files])
   docs = []
   for path in files:
     rel = os.path.relpath(path, base)
     if path.endswith(JSONL_SUFFIXES):
-      docs.extend(DocRef(name=f"{rel}:{line}", abs_path=path, line=line)
-                  for line, _ in iter_jsonl(path, json_key))
+      lines = tuple(line for line, _ in iter_jsonl(path, json_key))
+      if lines:
+        docs.append(DocGroup(name=rel, abs_path=path, lines=lines))
     elif _text_or_raise(path):
-      docs.append(DocRef(name=rel, abs_path=path))
+      docs.append(DocGroup(name=rel, abs_path=path))
   if not docs:
     raise DataError(f"data.paths: the corpus is empty: the {len(files)} file(s) under '{base}' "
                     "hold no text. Point data.paths at non-empty files.")
@@ -194,38 +222,54 @@ def _text_or_raise(path: str) -> str:
 
 def iter_jsonl(path: str, json_key: str) -> Iterator[tuple[int, str]]:
   """(1-based line, text) of every line of `path` whose `json_key` holds non-empty text."""
-  for line_no, line in enumerate(_text_or_raise(path).splitlines(), start=1):
-    if not line.strip():
+  numbered = [(n, line) for n, line in enumerate(_text_or_raise(path).splitlines(), start=1)
+              if line.strip()]
+  for start in range(0, len(numbered), _JSONL_BATCH):
+    batch = numbered[start:start + _JSONL_BATCH]
+    try:  # one C-speed parse for the whole batch; a bad line is then found line by line
+      records = json.loads("[" + ",".join(line for _, line in batch) + "]")
+      texts = [r.get(json_key) if isinstance(r, dict) else None for r in records]
+      ok = len(records) == len(batch) and all(isinstance(t, str) for t in texts)
+    except json.JSONDecodeError:
+      ok = False
+    if not ok:
+      texts = [_jsonl_text(path, n, line, json_key) for n, line in batch]
+    yield from ((n, text) for (n, _), text in zip(batch, texts) if text)
+
+
+def _jsonl_text(path: str, line_no: int, line: str, json_key: str) -> str:
+  try:
+    record = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise DataError(f"data.paths: '{path}' line {line_no} is not JSON ({e.msg}). A JSON-lines "
+                    "file holds one JSON object per line.") from None
+  if not isinstance(record, dict) or not isinstance(record.get(json_key), str):
+    raise DataError(f"data.paths: '{path}' line {line_no} has no string field '{json_key}'. "
+                    "Set data.json_key to the field that holds the text.")
+  return record[json_key]
+
+
+def read_documents(groups: Sequence[DocGroup], json_key: str, start: int = 0) -> Iterator[str]:
+  """The texts of `groups` in order from document `start` on; files before it are not read
+  (files are re-read here rather than held in memory since scanning: no memory cost)."""
+  for group in groups:
+    if start >= group.num_docs:
+      start -= group.num_docs
       continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise DataError(f"data.paths: '{path}' line {line_no} is not JSON ({e.msg}). A JSON-lines "
-                      "file holds one JSON object per line.") from None
-    if not isinstance(record, dict) or not isinstance(record.get(json_key), str):
-      raise DataError(f"data.paths: '{path}' line {line_no} has no string field '{json_key}'. "
-                      "Set data.json_key to the field that holds the text.")
-    if record[json_key]:
-      yield line_no, record[json_key]
-
-
-def read_documents(docs: Sequence[DocRef], json_key: str) -> Iterator[tuple[DocRef, str]]:
-  """(doc, text) for every doc, reading each file once (files are re-read here rather than held
-  in memory since scanning, so a large root costs no memory)."""
-  by_file: dict[str, list[DocRef]] = {}
-  for doc in docs:
-    by_file.setdefault(doc.abs_path, []).append(doc)
-  for path, file_docs in by_file.items():
-    if file_docs[0].line is None:
-      text = read_text(path)
+    if group.lines is None:
+      text = read_text(group.abs_path)
       if text is None:
-        raise DataError(f"'{path}' stopped being UTF-8 while the dataset was prepared; "
+        raise DataError(f"'{group.abs_path}' stopped being UTF-8 after it was scanned; "
                         "prepare again.")
-      yield file_docs[0], text
+      yield text
+      start = 0
       continue
-    wanted = {doc.line: doc for doc in file_docs}
-    for line_no, text in iter_jsonl(path, json_key):
+    wanted = set(group.lines[start:])
+    found = 0
+    for line_no, text in iter_jsonl(group.abs_path, json_key):
       if line_no in wanted:
-        yield wanted.pop(line_no), text
-    if wanted:
-      raise DataError(f"'{path}' changed while the dataset was prepared; prepare again.")
+        found += 1
+        yield text
+    if found != len(wanted):
+      raise DataError(f"'{group.abs_path}' changed after it was scanned; prepare again.")
+    start = 0

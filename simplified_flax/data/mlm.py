@@ -1,4 +1,5 @@
-"""BERT-style masked-language-model batches (SPEC §4): select, then replace 80/10/10.
+"""Masked-language-model batches as in BERT (Devlin et al. 2019, §3.1): select, then replace
+80/10/10.
 
 Every regular token (not padding, not eod or any other special id) is selected independently
 with probability `rate`; a selected token is replaced by [MASK] 80% of the time, by a random

@@ -1,53 +1,95 @@
-"""`build_pipeline(config)`: corpus -> tokenizer -> rows -> batches, for training and eval.
+"""`build_pipeline(config)`: corpus -> tokenizer -> prepared shards -> rows -> batches.
 
     pipeline = build_pipeline(config, workdir=workdir)
     train_iter = pipeline.train_iterator()          # infinite; get_state()/set_state()
     batch = next(train_iter)                         # {"inputs": int32[b, T], ...}
     for batch in pipeline.eval_batches(config.eval_steps): ...
 
-Two paths (`data.streaming`; None picks by the train split's size on disk):
-  * in memory (default): the split is tokenized once into a flat array cached next to the
-    prepared data and memory-mapped; batches are pure functions of (seed, batch index), see
-    `batches.py`. Exact shuffle, exact O(1) resume, same batches for any process count.
-  * streaming (`streaming.py`): for corpora that do not fit in memory; approximate
-    (buffer) shuffle, each process reads its own file shard, resume replays the stream.
+Both splits are read from prepared token shards (`shards.py`) under `data.cache_dir`. When a
+split is not prepared yet, a small one (up to PREPARE_IN_PROCESS_BYTES on disk) is prepared
+here, in this process; a larger one is an error that prints the exact
+`python -m simplified_flax.prepare` command, which uses worker processes and survives a kill.
+Batches are pure functions of (seed, batch index) (`batches.py`): a global shuffle across
+shards, exact O(1) resume, the same batches for any process count, each process reading only
+its rows.
 """
-import dataclasses
 import itertools
+import os
+import shlex
+import sys
 from typing import Iterator
 
 from absl import logging
 
-from simplified_flax.data import batches
 from simplified_flax.data import corpus as corpus_lib
-from simplified_flax.data import streaming
-from simplified_flax.data import token_cache
+from simplified_flax.data import preparation
 from simplified_flax.data import tokenizers
-from simplified_flax.data.batches import BatchFormat, BatchMaker, RowSource, Sharding
+from simplified_flax.data.batches import BatchFormat, BatchMaker, Sharding
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.iterator import CheckpointableIterator
+from simplified_flax.data.rows import ShardedRows
+from simplified_flax.data.shards import Address, PreparedSplit
 
-STREAM_ABOVE_BYTES = 1 << 30  # a train split larger than this on disk streams by default
+PREPARE_IN_PROCESS_BYTES = 1 << 30  # a larger unprepared split asks for the prepare command
 
 
 class Pipeline:
   """Batches of one config for one process; see the module docstring."""
 
   def __init__(self, *, tokenizer: tokenizers.Tokenizer, description: dict, prefetch: int,
-               train_stream, eval_stream):
+               train: BatchMaker, evals: BatchMaker):
     self.tokenizer = tokenizer
     self.description = description
     self._prefetch = prefetch
-    self._train_stream = train_stream  # k -> iterator of batches k, k+1, ...
-    self._eval_stream = eval_stream    # () -> iterator of eval batches (repeats if needed)
+    self._train = train
+    self._evals = evals
 
-  def train_iterator(self) -> CheckpointableIterator:
-    """A fresh iterator at batch 0; `set_state` moves it to a checkpoint's position."""
-    return CheckpointableIterator(self._train_stream, self.description, prefetch=self._prefetch)
+  def train_iterator(self, prefetch: int | None = None) -> CheckpointableIterator:
+    """A fresh iterator at batch 0; `set_state` moves it to a checkpoint's position.
+    `prefetch` overrides data.prefetch (0: no thread, for a consumer with its own)."""
+    return CheckpointableIterator(
+        lambda k: map(self._train.train_batch, itertools.count(k)), self.description,
+        prefetch=self._prefetch if prefetch is None else prefetch,
+        batches_per_epoch=self._train.batches_per_epoch)
 
   def eval_batches(self, num_batches: int) -> Iterator[dict]:
     """The first `num_batches` eval batches: the same on every call and for every seed."""
-    return itertools.islice(self._eval_stream(), num_batches)
+    return map(self._evals.eval_batch, range(num_batches))
+
+
+def shard_root(data_config) -> str:
+  """`data.cache_dir`, else `token_shards/` in tfds's data directory (local or remote)."""
+  if data_config.cache_dir:
+    return data_config.cache_dir
+  tfds_dir = data_config.tfds_data_dir or os.environ.get("TFDS_DATA_DIR") or os.path.join(
+      os.path.expanduser("~"), "tensorflow_datasets")
+  return os.path.join(tfds_dir, "token_shards")
+
+
+def prepare_command() -> str:
+  """The prepare command for this run's config (its --config flags, when started with any)."""
+  flags = [a for a in sys.argv[1:] if a.startswith("--config")]
+  return shlex.join(["python", "-m", "simplified_flax.prepare",
+                     *(flags or ["--config=configs/<your variant>.py"])])
+
+
+def open_or_prepare(corpus, split: str, tokenizer, data_config) -> PreparedSplit:
+  """The prepared split; a small unprepared one is prepared now (see the module docstring)."""
+  root = shard_root(data_config)
+  address = Address(corpus.identity, split, tokenizer.fingerprint, data_config.shard_docs)
+  prepared = PreparedSplit.open(root, address)
+  if prepared is not None:
+    logging.info("Reading prepared %s/%s from %s.", corpus.identity, split,
+                 address.directory(root))
+    return prepared
+  size = corpus.split_num_bytes(split)
+  if size is not None and size > PREPARE_IN_PROCESS_BYTES:
+    raise DataError(f"The split '{split}' of '{corpus.identity}' ({size / 2**30:.1f} GiB) is not "
+                    f"prepared in '{root}'. Tokenize it once, with worker processes (resumable):"
+                    f"  {prepare_command()}")
+  logging.info("Preparing %s/%s in %s (once).", corpus.identity, split, root)
+  return preparation.prepare_split(corpus, split, tokenizer, root,
+                                   shard_docs=data_config.shard_docs, workers=1)
 
 
 def build_pipeline(config, *, workdir: str | None = None, process_index: int | None = None,
@@ -69,67 +111,27 @@ def build_pipeline(config, *, workdir: str | None = None, process_index: int | N
                     first_regular_id=tokenizer.first_regular_id,
                     vocab_size=tokenizer.vocab_size)
   sharding = Sharding(config.batch_size, process_index, process_count)
-  description = {
-      "dataset": corpus.identity, "text_key": corpus.text_key, "split": data.train_split,
-      "tokenizer": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
-      "context_length": seq_len, "packing": bool(data.packing), "kind": kind,
-      "mlm_rate": float(data.mlm_rate) if kind == "encoder" else None,
-      "batch_size": config.batch_size, "seed": config.seed,
-  }
-
-  use_streaming = data.streaming
-  if use_streaming is None:
-    size = corpus.split_num_bytes(data.train_split)
-    use_streaming = size is not None and size > STREAM_ABOVE_BYTES
-  if use_streaming:
-    return _streaming_pipeline(config, corpus, tokenizer, fmt, sharding, description)
-
-  cache_dir = data.cache_dir or token_cache.default_cache_dir(corpus, workdir)
   sources = {}
   for role, split in (("train", data.train_split), ("eval", data.eval_split)):
-    tokenized = token_cache.load_or_tokenize(corpus, split, tokenizer, cache_dir)
-    sources[role] = RowSource(tokenized, seq_len, bool(data.packing), tokenizer.pad_id)
+    prepared = open_or_prepare(corpus, split, tokenizer, data)
+    sources[role] = ShardedRows(prepared, seq_len=seq_len, packing=bool(data.packing),
+                                pad_id=tokenizer.pad_id)
     _check_rows(sources[role], corpus.identity, split, config.batch_size if role == "train" else 1)
   train = BatchMaker(sources["train"], fmt, sharding, config.seed)
   evals = BatchMaker(sources["eval"], fmt, sharding, config.seed)
-  description["rows_per_epoch"] = sources["train"].num_rows  # catches a changed corpus
+  description = {
+      "dataset": corpus.identity, "text_key": corpus.text_key, "split": data.train_split,
+      "tokenizer": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
+      "shard_docs": data.shard_docs, "context_length": seq_len, "packing": bool(data.packing),
+      "kind": kind, "mlm_rate": float(data.mlm_rate) if kind == "encoder" else None,
+      "batch_size": config.batch_size, "seed": config.seed,
+      "rows_per_epoch": sources["train"].num_rows,  # catches a changed corpus
+  }
   logging.info("Data: %s, %d train rows of %d tokens (%d batches per epoch), %d eval rows.",
                corpus.identity, sources["train"].num_rows, seq_len, train.batches_per_epoch,
                sources["eval"].num_rows)
-  return Pipeline(
-      tokenizer=tokenizer, description=description, prefetch=data.prefetch,
-      train_stream=lambda k: map(train.train_batch, itertools.count(k)),
-      eval_stream=lambda: map(evals.eval_batch, itertools.count()))
-
-
-def _streaming_pipeline(config, corpus, tokenizer, fmt, sharding, description) -> Pipeline:
-  data = config.data
-  spec = streaming.StreamSpec(
-      corpus=corpus, split=data.train_split, tokenizer=tokenizer, fmt=fmt,
-      seq_len=config.model.context_length, packing=bool(data.packing),
-      local_batch=sharding.local_batch, process_index=sharding.process_index,
-      process_count=sharding.process_count, seed=config.seed,
-      shuffle_buffer=data.shuffle_buffer)
-  eval_spec = dataclasses.replace(spec, split=data.eval_split, seed=batches.EVAL_SEED)
-  # In this path a batch depends on the shard layout, so a restore must match it too.
-  description = {**description, "streaming": True, "process_count": sharding.process_count,
-                 "shuffle_buffer": data.shuffle_buffer}
-
-  def train_stream(k: int):
-    return itertools.islice(streaming.stream_batches(spec, shuffle=True), k, None)
-
-  def eval_stream():
-    first = next(streaming.stream_batches(eval_spec, shuffle=False), None)
-    if first is None:
-      raise DataError(f"The eval split '{data.eval_split}' of '{corpus.identity}' gives no full "
-                      f"batch of {sharding.local_batch} rows on this process. Use a larger "
-                      "eval split or a smaller batch.")
-    return itertools.chain.from_iterable(
-        streaming.stream_batches(eval_spec, shuffle=False) for _ in itertools.count())
-
-  logging.info("Data: streaming %s (shuffle buffer %d).", corpus.identity, data.shuffle_buffer)
   return Pipeline(tokenizer=tokenizer, description=description, prefetch=data.prefetch,
-                  train_stream=train_stream, eval_stream=eval_stream)
+                  train=train, evals=evals)
 
 
 def _check_settings(config, process_count: int) -> None:
@@ -154,7 +156,7 @@ def _set_vocab_size(config, tokenizer: tokenizers.Tokenizer) -> None:
                     "from the tokenizer.")
 
 
-def _check_rows(source: RowSource, dataset: str, split: str, needed: int) -> None:
+def _check_rows(source: ShardedRows, dataset: str, split: str, needed: int) -> None:
   if source.num_rows < needed:
     hint = "" if source.packing else " or set data.packing=True (short documents then count)"
     raise DataError(f"The split '{split}' of '{dataset}' gives {source.num_rows} rows of "

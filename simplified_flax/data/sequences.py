@@ -39,12 +39,21 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def join_documents(docs: list[np.ndarray], eod_id: int, vocab_size: int) -> TokenizedSplit:
   """Concatenates tokenized documents, each followed by `eod_id`; empty documents are dropped."""
-  docs = [d for d in docs if len(d)]
-  dtype = token_dtype(vocab_size)
   lengths_D = np.array([len(d) for d in docs], dtype=np.int64)
-  flat_M = np.concatenate(docs).astype(dtype) if docs else np.zeros(0, dtype)
-  tokens_N = np.insert(flat_M, np.cumsum(lengths_D), eod_id)
+  flat_M = np.concatenate(docs) if docs else np.zeros(0, np.int32)
+  return join_flat(flat_M, lengths_D, eod_id, vocab_size)
+
+
+def join_flat(flat_M: np.ndarray, lengths_D: np.ndarray, eod_id: int,
+              vocab_size: int) -> TokenizedSplit:
+  """`join_documents` of documents given as one flat id array and their lengths."""
+  lengths_D = lengths_D[lengths_D > 0]
+  dtype = token_dtype(vocab_size)
+  tokens_N = np.full(len(flat_M) + len(lengths_D), eod_id, dtype)
   doc_starts_D1 = np.concatenate([[0], np.cumsum(lengths_D + 1)]).astype(np.int64)
+  # Token j of the flat array lands after the eods of the documents before it.
+  doc_of_M = np.repeat(np.arange(len(lengths_D)), lengths_D)
+  tokens_N[np.arange(len(flat_M)) + doc_of_M] = flat_M
   return TokenizedSplit(tokens_N, doc_starts_D1)
 
 

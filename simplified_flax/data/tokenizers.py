@@ -20,8 +20,8 @@ from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 from absl import logging
 import numpy as np
+from etils import epath  # the workdir may be a gs:// bucket on TPU hosts
 import sentencepiece as spm
-import tensorflow as tf  # tf.io.gfile: the workdir may be a gs:// bucket on TPU hosts
 
 from simplified_flax.data.errors import DataError
 
@@ -39,6 +39,7 @@ class Tokenizer(Protocol):
 
   def encode(self, text: str) -> list[int]: ...
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]: ...
   def decode(self, ids: Iterable[int]) -> str: ...
 
 
@@ -59,6 +60,13 @@ class ByteTokenizer:
 
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     return [self.encode_array(t) for t in texts]
+
+  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(int32[M] ids of all texts back to back, int64[D] their lengths): one numpy pass."""
+    encoded = [t.encode("utf-8") for t in texts]
+    lengths_D = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    bytes_M = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    return bytes_M.astype(np.int32) + self.first_regular_id, lengths_D
 
   def decode(self, ids: Iterable[int]) -> str:
     ids_n = np.asarray(list(ids), dtype=np.int64)
@@ -89,6 +97,11 @@ class SentencePieceTokenizer:
     self.first_regular_id = 4  # pad, eod, mask, unk
     self.model_proto = model_proto
     self.fingerprint = "spm-" + hashlib.sha256(model_proto).hexdigest()[:16]
+    self._origin = origin
+
+  def __reduce__(self):
+    # Picklable (worker processes tokenize shards): the processor is rebuilt from the proto.
+    return (SentencePieceTokenizer, (self.model_proto, self._origin))
 
   def encode(self, text: str) -> list[int]:
     return self._sp.EncodeAsIds(text)
@@ -96,6 +109,12 @@ class SentencePieceTokenizer:
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     ids = self._sp.Encode(list(texts), num_threads=os.cpu_count() or 1)
     return [np.asarray(x, dtype=np.int32) for x in ids]
+
+  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(int32[M] ids of all texts back to back, int64[D] their lengths)."""
+    docs = self.encode_batch(texts)
+    lengths_D = np.array([len(d) for d in docs], np.int64)
+    return (np.concatenate(docs) if docs else np.zeros(0, np.int32)), lengths_D
 
   def decode(self, ids: Iterable[int]) -> str:
     # Out-of-range ids would make sentencepiece raise; a decoder should never crash on output.
@@ -165,9 +184,9 @@ def build_tokenizer(data_config, workdir: str | None,
   if data_config.spm_model_path:
     return SentencePieceTokenizer(_read_model(data_config.spm_model_path),
                                   data_config.spm_model_path)
-  path = os.path.join(workdir, TOKENIZER_FILENAME) if workdir else None
-  if path and tf.io.gfile.exists(path):
-    tokenizer = SentencePieceTokenizer(_read_model(path), path)
+  path = epath.Path(workdir) / TOKENIZER_FILENAME if workdir else None
+  if path and path.exists():
+    tokenizer = SentencePieceTokenizer(_read_model(path), os.fspath(path))
     if tokenizer.vocab_size != data_config.spm_vocab_size:
       raise DataError(f"'{path}' has {tokenizer.vocab_size} pieces but data.spm_vocab_size is "
                       f"{data_config.spm_vocab_size}. Use the workdir's tokenizer (set "
@@ -179,20 +198,18 @@ def build_tokenizer(data_config, workdir: str | None,
   proto = train_sentencepiece(training_texts(), vocab_size=data_config.spm_vocab_size,
                               max_chars=data_config.spm_train_chars)
   if path:
-    tf.io.gfile.makedirs(workdir)
-    tmp_path = f"{path}.tmp-{os.getpid()}"
-    with tf.io.gfile.GFile(tmp_path, "wb") as f:
-      f.write(proto)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_path = path.parent / f"{path.name}.tmp-{os.getpid()}"
+    tmp_path.write_bytes(proto)
     # A rename, so a crash never leaves half a model that a resumed run would trust.
-    tf.io.gfile.rename(tmp_path, path, overwrite=True)
-  return SentencePieceTokenizer(proto, path or "<trained in memory>")
+    tmp_path.rename(path)
+  return SentencePieceTokenizer(proto, os.fspath(path) if path else "<trained in memory>")
 
 
-def _read_model(path: str) -> bytes:
+def _read_model(path) -> bytes:
   try:
-    with tf.io.gfile.GFile(path, "rb") as f:
-      return f.read()
-  except (OSError, tf.errors.OpError) as e:
-    reason = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e)
+    return epath.Path(path).read_bytes()
+  except OSError as e:
+    reason = getattr(e, "strerror", None) or str(e)
     raise DataError(f"The SentencePiece model '{path}' cannot be read ({reason}). Check "
                     "data.spm_model_path.") from None

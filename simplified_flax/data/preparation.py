@@ -1,0 +1,107 @@
+"""Tokenize a split once into shards (see `shards.py`): worker processes, progress, resume.
+
+    prepared = prepare_split(corpus, "train", tokenizer, root, shard_docs=50_000, workers=4)
+
+The parent reads the split's documents in order and hands every S = shard_docs of them to a
+pool of worker processes, which tokenize them and write shard i (documents iS .. (i+1)S-1).
+A killed run keeps its finished shards: the next run starts reading at the first missing one
+(a tfds split is sliced there, not re-read). Progress with an ETA goes to stderr.
+"""
+import concurrent.futures
+import itertools
+import multiprocessing
+import sys
+import time
+from typing import Iterable, Iterator
+
+from etils import epath
+
+from simplified_flax.data import sequences
+from simplified_flax.data import shards
+from simplified_flax.data.errors import DataError
+from simplified_flax.data.shards import Address, PreparedSplit
+from simplified_flax.data.tokenizers import Tokenizer
+
+
+def _tokenize_shard(directory: str, index: int, texts: list[str], tokenizer: Tokenizer) -> int:
+  """Worker: writes shard `index`; returns its token count."""
+  split = sequences.join_flat(*tokenizer.encode_flat(texts), tokenizer.eod_id,
+                              tokenizer.vocab_size)
+  shards.write_shard(epath.Path(directory), index, split)
+  return len(split.tokens_N)
+
+
+def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
+  iterator = iter(texts)
+  while chunk := list(itertools.islice(iterator, size)):
+    yield chunk
+
+
+class _Progress:
+  """One status line on stderr (rewritten in place on a terminal), at most every `every` s."""
+
+  def __init__(self, label: str, total_docs: int | None, done_docs: int, every: float = 2.0):
+    self._label, self._total, self._every = label, total_docs, every
+    self._start_docs, self.docs, self.tokens = done_docs, done_docs, 0
+    self._start = self._last = time.perf_counter()
+    self._printed_docs = None
+
+  def update(self, docs: int, tokens: int, final: bool = False) -> None:
+    self.docs += docs
+    self.tokens += tokens
+    now = time.perf_counter()
+    if (not final and now - self._last < self._every) or self.docs == self._printed_docs:
+      return
+    self._last, self._printed_docs = now, self.docs
+    rate = (self.docs - self._start_docs) / max(now - self._start, 1e-9)
+    line = f"prepare {self._label}: {self.docs:,} documents"
+    if self._total:
+      left = max(self._total - self.docs, 0)
+      eta = time.strftime("%H:%M:%S", time.gmtime(left / rate)) if rate > 0 else "?"
+      line += f" of {self._total:,} ({100 * self.docs / self._total:.0f}%), ETA {eta}"
+    line += f", {rate:,.0f} docs/s, {self.tokens:,} tokens this run"
+    end = "\n" if final or not sys.stderr.isatty() else ""
+    print(("\r" if sys.stderr.isatty() else "") + line, end=end, file=sys.stderr, flush=True)
+
+
+def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_docs: int,
+                  workers: int = 1) -> PreparedSplit:
+  """The prepared `split` at `root`, tokenized now where shards are missing (see module doc).
+
+  workers <= 1 tokenizes in this process; more starts that many worker processes.
+  """
+  if shard_docs < 1:
+    raise DataError(f"data.shard_docs is {shard_docs}; it must be at least 1.")
+  address = Address(corpus.identity, split, tokenizer.fingerprint, shard_docs)
+  prepared = PreparedSplit.open(root, address)
+  if prepared is not None:
+    return prepared
+  directory = address.directory(root)
+  done = shards.finished_shards(directory)
+  progress = _Progress(f"{corpus.identity} {split}", corpus.num_documents(split),
+                       done * shard_docs)
+  chunks = enumerate(_chunks(corpus.documents(split, start=done * shard_docs), shard_docs),
+                     start=done)
+  if workers <= 1:
+    for index, texts in chunks:
+      progress.update(len(texts), _tokenize_shard(str(directory), index, texts, tokenizer))
+      done = index + 1
+  else:
+    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+      pending = []  # (index, size, future), at most workers + 1 in flight: bounded memory
+      for index, texts in itertools.chain(chunks, [(None, None)]):
+        if index is not None:
+          pending.append((index, len(texts),
+                          pool.submit(_tokenize_shard, str(directory), index, texts, tokenizer)))
+        while pending and (index is None or len(pending) > workers):
+          finished_index, size, future = pending.pop(0)
+          progress.update(size, future.result())
+          done = finished_index + 1
+  progress.update(0, 0, final=True)
+  if done == 0:
+    raise DataError(f"The split '{split}' of dataset '{corpus.identity}' is empty (no document "
+                    f"with text under feature '{corpus.text_key}'). Check data.name, data.text_key "
+                    "and the split names.")
+  shards.write_manifest(directory, address, done)
+  return PreparedSplit.open(root, address)

@@ -1,0 +1,157 @@
+"""Prepared token shards: where they live, how one is written, how a split is read back.
+
+A split tokenized by one tokenizer lives in one content-addressed directory under the shard
+root (`data.cache_dir`, local or remote such as gs://, read and written through etils.epath):
+
+    <root>/<dataset>.<split>.<key>/
+        tokens-00000.npy   uint16/int32[N_i]  documents iS .. (i+1)S-1 of the split, eod-joined
+        docs-00000.npy     int64[D_i + 1]     document start offsets into tokens-00000.npy
+        ...
+        manifest.json      written last: the address fields and every shard's sizes
+
+`key` hashes (corpus identity, split, tokenizer fingerprint, documents per shard S, format),
+so a changed corpus or tokenizer never reuses old tokens. Each file is written under a
+temporary name and renamed, a shard counts as finished once its docs file exists (written
+after its tokens), and only the manifest makes the split usable: a killed preparation keeps
+its finished shards and never leaves a split that looks complete.
+
+Local shards are memory-mapped; a remote shard's tokens are read whole into memory the first
+time a batch needs one of its rows (its small docs file is read at start-up).
+"""
+import dataclasses
+import functools
+import hashlib
+import io
+import json
+import os
+import re
+
+from etils import epath
+import numpy as np
+
+from simplified_flax.data.errors import DataError
+from simplified_flax.data.sequences import TokenizedSplit
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Address:
+  """What a prepared split is made of; `directory(root)` is where it lives."""
+  identity: str      # the corpus
+  split: str
+  tokenizer: str     # the tokenizer's fingerprint
+  shard_docs: int    # documents per shard
+
+  def as_dict(self) -> dict:
+    return {"format": FORMAT, **dataclasses.asdict(self)}
+
+  def directory(self, root: str) -> epath.Path:
+    key = hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    return epath.Path(root) / f"{_slug(self.identity)}.{_slug(self.split)}.{key}"
+
+
+def _slug(text: str) -> str:
+  return re.sub(r"[^\w.-]+", "_", text).strip("_") or "_"
+
+
+def _shard_paths(directory: epath.Path, index: int) -> tuple[epath.Path, epath.Path]:
+  return directory / f"tokens-{index:05d}.npy", directory / f"docs-{index:05d}.npy"
+
+
+def _save(path: epath.Path, array: np.ndarray) -> None:
+  """Writes `array` as .npy under a temporary name, then renames (never half a file)."""
+  tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
+  with tmp.open("wb") as f:
+    np.save(f, array)
+  tmp.rename(path)
+
+
+def _load(path: epath.Path, mmap: bool) -> np.ndarray:
+  if mmap and "://" not in os.fspath(path):
+    return np.load(os.fspath(path), mmap_mode="r")
+  return np.load(io.BytesIO(path.read_bytes()))
+
+
+def write_shard(directory: epath.Path, index: int, split: TokenizedSplit) -> None:
+  directory.mkdir(parents=True, exist_ok=True)
+  tokens_path, docs_path = _shard_paths(directory, index)
+  _save(tokens_path, np.asarray(split.tokens_N))
+  _save(docs_path, np.asarray(split.doc_starts_D1, np.int64))  # last: marks the shard finished
+
+
+def finished_shards(directory: epath.Path) -> int:
+  """How many shards 0, 1, 2, ... are finished (a preparation resumes after them)."""
+  count = 0
+  while _shard_paths(directory, count)[1].exists():
+    count += 1
+  return count
+
+
+def write_manifest(directory: epath.Path, address: Address, num_shards: int) -> None:
+  """Records every shard's sizes and makes the split usable."""
+  shard_tokens, shard_docs = [], []
+  for index in range(num_shards):
+    docs = _load(_shard_paths(directory, index)[1], mmap=False)
+    shard_docs.append(len(docs) - 1)
+    shard_tokens.append(int(docs[-1]))
+  manifest = {**address.as_dict(), "num_shards": num_shards, "shard_num_docs": shard_docs,
+              "shard_num_tokens": shard_tokens}
+  tmp = directory / f"{MANIFEST}.tmp-{os.getpid()}"
+  tmp.write_text(json.dumps(manifest, indent=1))
+  tmp.rename(directory / MANIFEST)
+
+
+class PreparedSplit:
+  """A finished split: its shards as TokenizedSplits (memory-mapped when local)."""
+
+  def __init__(self, directory: epath.Path, manifest: dict):
+    self.directory = directory
+    self.manifest = manifest
+    self.num_shards: int = manifest["num_shards"]
+    self.shard_num_tokens = np.asarray(manifest["shard_num_tokens"], np.int64)
+    self.num_docs = int(sum(manifest["shard_num_docs"]))
+
+  @classmethod
+  def open(cls, root: str, address: Address) -> "PreparedSplit | None":
+    """The prepared split at `address`, or None when it is not (completely) prepared."""
+    directory = address.directory(root)
+    manifest_path = directory / MANIFEST
+    if not manifest_path.exists():
+      return None
+    try:
+      manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as e:
+      raise DataError(f"The shard manifest '{manifest_path}' is corrupt ({e.msg}). Delete "
+                      f"'{directory}' and prepare the split again.") from None
+    if {k: manifest.get(k) for k in address.as_dict()} != address.as_dict():
+      raise DataError(f"The shard manifest '{manifest_path}' describes other data than its "
+                      f"address. Delete '{directory}' and prepare the split again.")
+    return cls(directory, manifest)
+
+  def doc_starts(self, index: int) -> np.ndarray:
+    """int64[D_i + 1] of shard `index` (small: read without its tokens)."""
+    return self.shard(index).doc_starts_D1 if self._is_local else self._docs(index)
+
+  @functools.lru_cache(maxsize=None)
+  def _docs(self, index: int) -> np.ndarray:
+    return _load(_shard_paths(self.directory, index)[1], mmap=False)
+
+  @property
+  def _is_local(self) -> bool:
+    return "://" not in os.fspath(self.directory)
+
+  @functools.lru_cache(maxsize=None)
+  def shard(self, index: int) -> TokenizedSplit:
+    tokens_path, docs_path = _shard_paths(self.directory, index)
+    try:
+      split = TokenizedSplit(_load(tokens_path, mmap=True), self._docs(index))
+    except (OSError, ValueError) as e:
+      raise DataError(f"Shard {index} of '{self.directory}' cannot be read ({e}). Delete the "
+                      "directory and prepare the split again.") from None
+    if len(split.tokens_N) != self.shard_num_tokens[index]:
+      raise DataError(f"Shard {index} of '{self.directory}' has {len(split.tokens_N)} tokens, "
+                      f"its manifest {self.shard_num_tokens[index]}. Delete the directory and "
+                      "prepare the split again.")
+    return split

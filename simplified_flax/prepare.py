@@ -1,0 +1,53 @@
+"""Tokenize a config's corpus once into prepared shards, with worker processes.
+
+    python -m simplified_flax.prepare --config=configs/preln.py [--config.data.name=lm1b ...] \\
+        [--workers=16] [--workdir=DIR]
+
+Prepares the train and eval splits of `config.data` under `data.cache_dir` (default
+`<tfds data dir>/token_shards`; a gs:// path works too), prints progress with an ETA, and
+can be killed and run again: finished shards are kept. Training then reads the shards (see
+README, "Data"). A SentencePiece tokenizer is trained first when needed and saved in
+`--workdir` (pass the training run's workdir so both use the same model).
+"""
+import os
+
+from absl import app
+from absl import flags
+
+from simplified_flax import cli
+from simplified_flax.data import corpus as corpus_lib
+from simplified_flax.data import pipeline as pipeline_lib
+from simplified_flax.data import preparation
+from simplified_flax.data import tokenizers
+
+
+def prepare(config, *, workers: int, workdir: str | None) -> dict[str, str]:
+  """Prepares both splits of `config.data`; returns {split: shard directory}."""
+  data = config.data
+  corpus = corpus_lib.open_corpus(data)
+  tokenizer = tokenizers.build_tokenizer(data, workdir,
+                                         lambda: corpus.documents(data.train_split))
+  root = pipeline_lib.shard_root(data)
+  directories = {}
+  for split in dict.fromkeys((data.train_split, data.eval_split)):
+    prepared = preparation.prepare_split(corpus, split, tokenizer, root,
+                                         shard_docs=data.shard_docs, workers=workers)
+    directories[split] = os.fspath(prepared.directory)
+    print(f"{split}: {prepared.num_shards} shard(s), {prepared.num_docs:,} documents, "
+          f"{int(prepared.shard_num_tokens.sum()):,} tokens in {prepared.directory}", flush=True)
+  return directories
+
+
+def main(argv) -> None:
+  f = cli.start(argv)
+  prepare(f.config, workers=f.workers or os.cpu_count() or 1, workdir=f.workdir)
+
+
+if __name__ == "__main__":
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file("config", None, "A configs/<variant>.py[:switches] file.",
+                                  lock_config=True)
+  flags.DEFINE_integer("workers", 0, "Tokenizing processes (0: one per CPU core).")
+  flags.DEFINE_string("workdir", None, "Where a trained SentencePiece model is kept.")
+  flags.mark_flags_as_required(["config"])
+  app.run(main)
