@@ -81,7 +81,7 @@ def make_corpus(path: str, num_tokens: int) -> np.ndarray:
   parts_by_split = []
   for split, budget in (("train", num_tokens - num_tokens // 32), ("validation", num_tokens // 32)):
     pieces, total = [], 0
-    for _, text in local_files.read_documents(splits[split], json_key="text"):
+    for text in local_files.read_documents(splits[split], json_key="text"):
       ids = np.append(tokenizer.encode_array(text), tokenizer.eod_id).astype(np.uint16)
       pieces.append(ids[:budget - total])
       total += len(pieces[-1])
