@@ -77,8 +77,11 @@ def _splash_kernel(num_heads: int, seq_len: int, is_causal: bool, interpret: boo
   sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                         block_q_dq=block, block_kv_dq=block)
-  return sk.make_splash_mha(sm.MultiHeadMask([head_mask] * num_heads), block_sizes=sizes,
-                            head_shards=1, q_seq_shards=1, interpret=interpret)
+  # Its mask tables become concrete arrays even when first built inside a jit trace (the
+  # cache outlives the trace).
+  with jax.ensure_compile_time_eval():
+    return sk.make_splash_mha(sm.MultiHeadMask([head_mask] * num_heads), block_sizes=sizes,
+                              head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
 def _splash(q_BTHd, k_BTHd, v_BTHd, *, is_causal: bool, interpret: bool):
