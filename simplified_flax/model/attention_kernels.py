@@ -1,7 +1,8 @@
 """The fused attention kernel of each backend: `dot_product_attention` picks it.
 
 `softmax(q k^T / sqrt(Dh) + mask) v` without forming the [B, H, Tq, Tk] logits where the
-backend has a kernel for it (the A v term of shaped attention, paper Section 4, eq. 6):
+backend has a kernel for it: the A v term of shaped attention (He & Hofmann 2024, Section 4;
+README "Shaped attention"):
 
   backend   kernel                                                 when
   tpu       Pallas splash attention (jax.experimental.pallas.ops.tpu)  Tq == Tk, T % 128 == 0,
