@@ -20,6 +20,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from etils import epath  # pylint: disable=g-import-not-at-top
+from experiments import report_lib  # pylint: disable=g-import-not-at-top
 from simplified_flax.glue import finetune  # pylint: disable=g-import-not-at-top
 from simplified_flax.glue import tasks as glue  # pylint: disable=g-import-not-at-top
 from simplified_flax.training.loop import NonFiniteLossError  # pylint: disable=g-import-not-at-top
@@ -31,10 +33,9 @@ DEFAULT_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
 
 def task_result(pretrained_workdir: str, task: str, ft) -> float:
   """The task score of one fine-tuning run (reused when done before), NaN if it diverged."""
-  path = os.path.join(pretrained_workdir, "glue", task, finetune.RESULT_FILE)
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)["score"]
+  path = epath.Path(pretrained_workdir) / "glue" / task / finetune.RESULT_FILE
+  if path.exists():
+    return json.loads(path.read_text())["score"]
   try:
     return finetune.finetune(pretrained_workdir, task, ft=ft)["score"]
   except NonFiniteLossError as e:
@@ -70,11 +71,9 @@ def main() -> None:
     workdir = os.path.join(args.pretrained_root, variant)
     scores[variant] = {t: task_result(workdir, t, ft) for t in tasks}
   output = args.output or args.pretrained_root
-  os.makedirs(output, exist_ok=True)
-  with open(os.path.join(output, "glue.json"), "w", encoding="utf-8") as f:
-    json.dump(scores, f, indent=2)
-  with open(os.path.join(output, "glue.md"), "w", encoding="utf-8") as f:
-    f.write(table(scores, tasks))
+  epath.Path(output).mkdir(parents=True, exist_ok=True)
+  report_lib.write_json(os.path.join(output, "glue.json"), scores)
+  report_lib.write_text(os.path.join(output, "glue.md"), table(scores, tasks))
   print(table(scores, tasks))
 
 

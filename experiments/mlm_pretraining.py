@@ -118,8 +118,7 @@ def plot(results: list[dict], path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report_lib.save_figure(fig, path, dpi=120)
 
 
 def report(results: list[dict], scale: str, command: str) -> str:

@@ -6,7 +6,8 @@
     report_lib.markdown_table(["variant", "loss"], [["sas_p", "2.31"]])
 
 A run's summary comes from its workdir alone (`config.json` + `metrics.jsonl`), so a report can
-be rebuilt from finished workdirs without training anything.
+be rebuilt from finished workdirs without training anything. Workdirs and report folders are
+read and written through `etils.epath`, so either may be `gs://...` (README "Remote workdirs").
 """
 import argparse
 import ast
@@ -15,6 +16,7 @@ import os
 import statistics
 from typing import Any, Dict, Iterable, List, Mapping, Sequence
 
+from etils import epath
 import numpy as np
 
 import configs
@@ -85,8 +87,7 @@ def count_params(config_dict: Mapping[str, Any]) -> int:
 def summarise(workdir: str) -> Dict[str, Any]:
   """Final eval loss, throughput, train time and parameter count of a finished run."""
   from simplified_flax.training import metrics_io  # pylint: disable=import-outside-toplevel
-  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-    config_dict = json.load(f)
+  config_dict = json.loads((epath.Path(workdir) / "config.json").read_text())
   history = metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
   train_rows = [r for r in history if "loss" in r]
   evals = [r for r in history if "eval_loss" in r]
@@ -163,8 +164,7 @@ def plot_curves(series: Mapping[str, Sequence[Mapping[str, float]]], path: str, 
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save_figure(fig, path, dpi=110)
 
 
 def plot_bars(values: Mapping[str, float], path: str, *, title: str, ylabel: str,
@@ -181,13 +181,26 @@ def plot_bars(values: Mapping[str, float], path: str, *, title: str, ylabel: str
   ax.tick_params(axis="x", rotation=30)
   ax.grid(alpha=0.3, axis="y")
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
+
+
+def save_figure(fig, path: str, dpi: int) -> None:
+  """Saves (then closes) a matplotlib figure as a PNG at any epath location."""
+  import io  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=dpi)
   plt.close(fig)
+  epath.Path(path).write_bytes(buffer.getvalue())
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes a report file at any epath location (a local or gs:// folder)."""
+  epath.Path(path).write_text(text)
 
 
 def write_json(path: str, obj: Any) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2)
+  write_text(path, json.dumps(obj, indent=2))
 
 
 # ------------------------------------------------------------------------------- scripts
@@ -217,7 +230,7 @@ def output_folders(args, experiment: str) -> tuple[str, str | None]:
   """(report folder, created if missing; training workdir root or None) of parsed `args`."""
   output = args.output or os.path.join(REPO_ROOT, "experiments", "results", args.scale,
                                        experiment)
-  os.makedirs(output, exist_ok=True)
+  epath.Path(output).mkdir(parents=True, exist_ok=True)
   workdir_root = None
   if hasattr(args, "workdir_root"):
     workdir_root = args.workdir_root or os.path.join(REPO_ROOT, "workdirs",
@@ -259,8 +272,7 @@ def train_planned(runs: Iterable[tuple[str, Any, Mapping[str, Any]]], workdir_ro
 
 def write_report(output: str, text: str, results: Any) -> None:
   """`<output>/report.md` and `<output>/results.json`."""
-  with open(os.path.join(output, "report.md"), "w", encoding="utf-8") as f:
-    f.write(text)
+  write_text(os.path.join(output, "report.md"), text)
   write_json(os.path.join(output, "results.json"), results)
 
 

@@ -16,6 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from etils import epath  # pylint: disable=g-import-not-at-top
 from experiments import report_lib  # pylint: disable=g-import-not-at-top
 from experiments.baseline_comparison import PAPER, VARIANTS  # pylint: disable=g-import-not-at-top
 
@@ -44,10 +45,9 @@ def benchmark_settings(command: list[str]) -> list[str]:
 def reusable_results(raw_path: str, command: list[str], variants) -> dict | None:
   """The stored benchmark results at `raw_path` if they were measured with the same settings
   and hold every variant asked for, else None (measure again)."""
-  if not os.path.exists(raw_path):
+  if not epath.Path(raw_path).exists():
     return None
-  with open(raw_path, encoding="utf-8") as f:
-    stored = json.load(f)
+  stored = json.loads(epath.Path(raw_path).read_text())
   results = {k: v for k, v in stored.items() if k != "settings"}
   if stored.get("settings") != benchmark_settings(command) or not set(variants) <= set(results):
     return None
@@ -120,8 +120,8 @@ def main() -> None:
     report_lib.write_json(raw_path, {"settings": benchmark_settings(bench_command), **results})
   results = {v: results[v] for v in variants}
   command = report_lib.command_line("throughput", args, parser, ("variants", "attention_impl"))
-  with open(os.path.join(output, "report.md"), "w", encoding="utf-8") as f:
-    f.write(report(results, args.scale, command, output))
+  report_lib.write_text(os.path.join(output, "report.md"),
+                        report(results, args.scale, command, output))
   print(f"Wrote {output}/report.md, throughput.png and benchmark.json")
 
 

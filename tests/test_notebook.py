@@ -39,3 +39,41 @@ def test_install_cell_without_a_repository_says_how_to_provide_one(tmp_path, mon
   with pytest.raises(RuntimeError, match="Set REPO_URL"):
     exec(compile(install_cell.replace("/content/simplified_flax", str(tmp_path / "absent")),
                  "install_cell", "exec"), {})
+
+
+@pytest.mark.slow
+def test_install_cell_leaves_the_runtimes_jax_as_it_is(tmp_path):
+  """A runtime with jax already installed (a venv over this interpreter's packages, as Colab's
+  jax/jaxlib/libtpu are): installing the package from an uploaded archive keeps its jax
+  version and location, and makes `simplified_flax` importable. Offline: --no-index."""
+  import os
+  import shutil
+  import subprocess
+  import sys
+  repo = NOTEBOOK.parents[1]
+  upload = tmp_path / "upload" / "simplified_flax"
+  for name in ("pyproject.toml", "README.md", "requirements.txt"):
+    upload.mkdir(parents=True, exist_ok=True)
+    shutil.copy(repo / name, upload / name)
+  for package in ("simplified_flax", "configs"):
+    shutil.copytree(repo / package, upload / package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+  archive = shutil.make_archive(str(tmp_path / "simplified_flax"), "zip", upload.parent)
+  subprocess.run([sys.executable, "-m", "venv", "--system-site-packages",
+                  str(tmp_path / "runtime")], check=True)
+  python = str(tmp_path / "runtime" / "bin" / "python")
+  probe = "import jax; print(jax.__version__, jax.__file__)"
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  env.update(NB_SOURCE=archive, PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0",
+             PIP_DISABLE_PIP_VERSION_CHECK="1")
+  before = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True,
+                          check=True).stdout
+  (tmp_path / "install_cell.py").write_text(nbformat.read(NOTEBOOK, as_version=4).cells[1].source)
+  cell = subprocess.run([python, "install_cell.py"], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert cell.returncode == 0, cell.stderr[-3000:]
+  assert "jax stays: jax==" in cell.stdout
+  after = subprocess.run([python, "-c", probe + "; import simplified_flax as s; print(s.__file__)"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+  assert after.stdout.splitlines()[0] == before.strip()              # same version, same place
+  assert str(tmp_path / "runtime") in after.stdout.splitlines()[1]   # the package went in

@@ -21,6 +21,7 @@ import math
 import os
 
 from absl import logging
+from etils import epath
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -149,7 +150,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
   task = glue.get_task(task_name)
   ft = ft if ft is not None else finetune_defaults()
   workdir = workdir or os.path.join(pretrained_workdir, "glue", task.name)
-  os.makedirs(workdir, exist_ok=True)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)   # epath: gs://... works too
   saved = load_config(pretrained_workdir)
   pretrain_config = copy.deepcopy(config) if config is not None else saved
   if pretrain_config.model.vocab_size is None:
@@ -185,9 +186,9 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
   # ----------------------------------------------------------------------------------------
   # Loop: epochs of shuffled batches; metrics are read only at log steps and epoch ends.
   # ----------------------------------------------------------------------------------------
-  stale = os.path.join(workdir, metrics_io.METRICS_FILE)
-  if os.path.exists(stale):   # a fine-tuning run never resumes: its history starts afresh
-    os.remove(stale)
+  stale = epath.Path(workdir) / metrics_io.METRICS_FILE
+  if jax.process_index() == 0 and stale.exists():   # a fine-tuning run never resumes
+    stale.unlink()
   writer = metrics_io.make_writer(workdir, tensorboard)
   rng = np.random.default_rng(ft.seed)
   step, pending, scores = 0, [], {}
@@ -211,11 +212,12 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
     writer.close()
 
   result = {"task": task.name, "score": glue.task_score(scores), "metrics": scores,
-            "pretrained_workdir": os.path.abspath(pretrained_workdir),
+            "pretrained_workdir": (pretrained_workdir if metrics_io.is_remote(pretrained_workdir)
+                                   else os.path.abspath(pretrained_workdir)),
             "pretrained_step": int(pretrained_step), "steps": step,
             "train_examples": len(train_split)}
-  with open(os.path.join(workdir, RESULT_FILE), "w", encoding="utf-8") as f:
-    json.dump(result, f, indent=2)
+  if jax.process_index() == 0:
+    (epath.Path(workdir) / RESULT_FILE).write_text(json.dumps(result, indent=2))
   return result
 
 

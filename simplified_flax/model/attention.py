@@ -27,6 +27,8 @@ import jax
 from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
 
+from simplified_flax.model import attention_kernels
+
 Impl = Literal["explicit", "fused"]
 IMPLS = ("explicit", "fused")
 
@@ -238,7 +240,8 @@ def _fused(q, k, v, *, causal, key_mask, segment_ids, query_offset, resid_gain, 
   if not simple_causal and (causal or key_mask is not None or segment_ids is not None):
     mask = attention_mask(Tq, Tk, causal=causal, query_offset=query_offset, key_mask=key_mask,
                           segment_ids=segment_ids)
-  attended_BQHD = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=simple_causal)
+  attended_BQHD = attention_kernels.dot_product_attention(q, k, v, mask=mask,
+                                                         is_causal=simple_causal)
   gain = lambda g: jnp.asarray(g, jnp.float32).reshape(-1, 1)   # [H] -> broadcast over [.., H, Dh]
   out_BQHD = gain(resid_gain) * attended_BQHD.astype(jnp.float32)
   if skip_gain is not None:

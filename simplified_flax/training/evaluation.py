@@ -2,9 +2,9 @@
 checkpoints), safe while the run is still writing there."""
 import json
 import math
-import os
 from typing import Callable, Iterable
 
+from etils import epath
 import jax
 import ml_collections
 
@@ -40,12 +40,11 @@ def run_eval(eval_fn: Callable, state, batches: Iterable[dict], placement) -> di
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config a training run wrote to `<workdir>/config.json`."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  path = epath.Path(workdir) / CONFIG_FILE     # epath: the workdir may be gs://...
+  if not path.exists():
     raise FileNotFoundError(f"{path} does not exist: is {workdir!r} the --workdir of a "
                             f"training run?")
-  with open(path, encoding="utf-8") as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
 def restore_read_only(workdir: str, config, target=None, step: int | None = None):

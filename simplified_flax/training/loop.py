@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 
+from etils import epath
 import jax
 import numpy as np
 
@@ -63,10 +64,15 @@ def _console(message: str) -> None:
 
 
 def _write_config(workdir: str, config_dict: dict) -> None:
+  """Process 0 writes config.json (through epath: the workdir may be gs://...)."""
   if jax.process_index() == 0:
+    text = json.dumps(config_dict, indent=2, sort_keys=True)
+    if metrics_io.is_remote(workdir):
+      (epath.Path(workdir) / CONFIG_FILE).write_text(text)   # object writes are atomic
+      return
     tmp = os.path.join(workdir, CONFIG_FILE + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(config_dict, f, indent=2, sort_keys=True)
+      f.write(text)
     os.replace(tmp, os.path.join(workdir, CONFIG_FILE))
 
 
@@ -83,7 +89,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   # ----------------------------------------------------------------------------------------
   # Input and config.
   # ----------------------------------------------------------------------------------------
-  os.makedirs(workdir, exist_ok=True)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   if pipeline is None:
     from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
     pipeline = parallel.primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
@@ -202,6 +208,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
                  + ("" if accuracy is None else f" | eval MLM accuracy {accuracy:.3f}"))
       if save_now:
         with progress.paused():
+          writer.flush()   # the history up to a checkpoint outlives a kill (remote: rewritten)
           checkpoint.save(manager, step, placement.host_state(state), data_state, config_dict,
                           {"elapsed_s": progress.elapsed()})
       if preempted:

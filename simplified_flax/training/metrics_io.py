@@ -1,4 +1,4 @@
-"""A run's history: clu metric writers (TensorBoard + `metrics.jsonl`) and the progress line.
+"""A run's history: metric writers (`metrics.jsonl` + TensorBoard) and the progress line.
 
 `<workdir>/metrics.jsonl` holds one JSON object per logged step, readable by any script:
 
@@ -7,102 +7,162 @@
     {"step": 250, "eval_loss": 2.9, "eval_perplexity": 18.2}
     {"step": 500, "kurtosis/layer_0": 0.4, "attn_entropy/layer_0": 2.1, "gain/h_0/...": 0.9}
 
-(the last kind every `config.diagnostics_every` steps: the SPEC §7 diagnostics, per layer.)
+(the last kind every `config.diagnostics_every` steps: the per-layer signal-propagation
+diagnostics of the paper's Section 5 / Appendix, see README "Diagnostics during training").
 
 On resume, rows after the restored step (written by the run that died) are dropped, so the
-file reads as one uninterrupted run. Only process 0 writes.
+file reads as one uninterrupted run. Only process 0 writes. Every file goes through
+`etils.epath`, so the workdir may be `gs://...` (README "Remote workdirs"); neither writer
+needs TensorFlow.
 """
 import contextlib
 import json
 import math
-import os
 import time
 from typing import Any, Mapping
 
 from absl import logging
-from clu import metric_writers
+from etils import epath
 import jax
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+# Object stores (gs://, s3://) cannot append: a remote metrics.jsonl is rewritten whole, at
+# most this often (and at every flush/close, which the loop calls before each checkpoint).
+REMOTE_REWRITE_EVERY_S = 30.0
 
 
-class JsonlWriter(metric_writers.MetricWriter):
-  """A clu MetricWriter appending `{"step": step, **scalars}` rows to a JSON-lines file."""
+def is_remote(path) -> bool:
+  """True for a URI path (gs://, s3://, ...), which lives in an object store."""
+  return "://" in str(path)
+
+
+class JsonlWriter:
+  """Writes `{"step": step, **scalars}` rows to a JSON-lines file (local: appended and flushed
+  row by row; remote: the whole file rewritten, see REMOTE_REWRITE_EVERY_S)."""
 
   def __init__(self, path: str):
-    self._file = open(path, "a", encoding="utf-8")
+    self._path = epath.Path(path)
+    self._path.parent.mkdir(parents=True, exist_ok=True)
+    self._remote = is_remote(path)
+    self._rows = [json.dumps(r) for r in read_history(path)] if self._remote else None
+    self._file = None if self._remote else self._path.open("a")
+    self._last_rewrite = time.time()
 
-  def write_scalars(self, step: int, scalars: Mapping[str, Any]):
-    row = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
-    self._file.write(json.dumps(row) + "\n")
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    row = json.dumps({"step": int(step), **{k: float(v) for k, v in scalars.items()}})
+    if self._remote:
+      self._rows.append(row)
+      if time.time() - self._last_rewrite >= REMOTE_REWRITE_EVERY_S:
+        self.flush()
+    else:
+      self._file.write(row + "\n")
+      self._file.flush()
+
+  def flush(self) -> None:
+    if self._remote:
+      self._path.write_text("".join(r + "\n" for r in self._rows))
+      self._last_rewrite = time.time()
+    else:
+      self._file.flush()
+
+  def close(self) -> None:
+    self.flush()
+    if self._file is not None:
+      self._file.close()
+
+
+class TensorBoardWriter:
+  """Scalar event files TensorBoard reads, written with `tensorboard`'s protos and record
+  framing (no TensorFlow) to any epath location. A remote event file appears when closed."""
+
+  def __init__(self, logdir: str):
+    # pylint: disable=import-outside-toplevel
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+    directory = epath.Path(logdir)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"events.out.tfevents.{time.time():.6f}.{jax.process_index()}.simplified_flax"
+    self._file = (directory / name).open("wb")
+    self._records = RecordWriter(self._file)
+    self._write(self._event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+  def _write(self, event) -> None:
+    self._records.write(event.SerializeToString())
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    values = [self._summary_pb2.Summary.Value(tag=k, simple_value=float(v))
+              for k, v in scalars.items()]
+    self._write(self._event_pb2.Event(wall_time=time.time(), step=int(step),
+                                      summary=self._summary_pb2.Summary(value=values)))
+
+  def flush(self) -> None:
     self._file.flush()
 
-  def write_summaries(self, step, values, metadata=None):
-    pass
-
-  def write_images(self, step, images):
-    pass
-
-  def write_videos(self, step, videos):
-    pass
-
-  def write_audios(self, step, audios, *, sample_rate):
-    pass
-
-  def write_texts(self, step, texts):
-    pass
-
-  def write_histograms(self, step, arrays, num_buckets=None):
-    pass
-
-  def write_hparams(self, hparams):
-    pass
-
-  def flush(self):
-    self._file.flush()
-
-  def close(self):
+  def close(self) -> None:
     self._file.close()
+
+
+class MultiWriter:
+  """Forwards every call to each of `writers` (none: a no-op writer, as on processes > 0)."""
+
+  def __init__(self, writers):
+    self._writers = list(writers)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    for w in self._writers:
+      w.write_scalars(step, scalars)
+
+  def flush(self) -> None:
+    for w in self._writers:
+      w.flush()
+
+  def close(self) -> None:
+    for w in self._writers:
+      w.close()
 
 
 def read_history(path: str) -> list[dict]:
   """The rows of a metrics.jsonl file (a torn last line, from a killed run, is skipped)."""
   rows = []
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        try:
-          rows.append(json.loads(line))
-        except json.JSONDecodeError:
-          continue
+  path = epath.Path(path)
+  if path.exists():
+    for line in path.read_text().splitlines():
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
   return rows
 
 
 def truncate_history(path: str, last_step: int) -> None:
-  """Keeps the rows with step <= last_step (atomically rewrites the file)."""
-  if not os.path.exists(path):
+  """Keeps the rows with step <= last_step (rewrites the file; locally atomically)."""
+  path = epath.Path(path)
+  if not path.exists():
     return
-  rows = [r for r in read_history(path) if r.get("step", 0) <= last_step]
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.writelines(json.dumps(r) + "\n" for r in rows)
-  os.replace(tmp, path)
+  text = "".join(json.dumps(r) + "\n" for r in read_history(path)
+                 if r.get("step", 0) <= last_step)
+  if is_remote(path):
+    path.write_text(text)          # an object store replaces an object atomically
+    return
+  tmp = path.parent / (path.name + ".tmp")
+  tmp.write_text(text)
+  tmp.replace(path)
 
 
-def make_writer(workdir: str, tensorboard: bool = True) -> metric_writers.MetricWriter:
+def make_writer(workdir: str, tensorboard: bool = True) -> MultiWriter:
   """metrics.jsonl (+ TensorBoard event files under <workdir>/tensorboard) on process 0."""
   if jax.process_index() != 0:
-    return metric_writers.MultiWriter([])
-  writers = [JsonlWriter(os.path.join(workdir, METRICS_FILE))]
+    return MultiWriter([])
+  writers = [JsonlWriter(str(epath.Path(workdir) / METRICS_FILE))]
   if tensorboard:
     try:
-      from clu.metric_writers import SummaryWriter  # imports TensorFlow: slow, so only here
-      writers.append(SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR)))
+      writers.append(TensorBoardWriter(str(epath.Path(workdir) / TENSORBOARD_DIR)))
     except ImportError as e:
       logging.warning("No TensorBoard event files (%s); metrics.jsonl is still written. "
                       "`pip install tensorboard` to get them.", e)
-  return metric_writers.MultiWriter(writers)
+  return MultiWriter(writers)
 
 
 class Progress:

@@ -1,0 +1,95 @@
+"""The fused attention kernel of each backend: `dot_product_attention` picks it.
+
+`softmax(q k^T / sqrt(Dh) + mask) v` without forming the [B, H, Tq, Tk] logits where the
+backend has a kernel for it: the A v term of shaped attention (He & Hofmann 2024, Section 4;
+README "Shaped attention"):
+
+  backend   kernel                                                 when
+  tpu       Pallas splash attention (jax.experimental.pallas.ops.tpu)  Tq == Tk, T % 128 == 0,
+                                                                     no mask array (causal or full)
+  gpu       cuDNN flash attention (jax.nn.dot_product_attention,     float16/bfloat16 inputs and
+            implementation="cudnn")                                  shapes cuDNN accepts
+  otherwise XLA (jax.nn.dot_product_attention, implementation="xla"): forms the T x T logits
+
+Anything a kernel cannot take (padding or packing masks, a KV cache's Tq != Tk, float32 on
+GPU) falls back to XLA with the same result. `SIMPLIFIED_FLAX_ATTENTION_KERNEL=xla` forces the
+XLA path everywhere (to compare, or to step around a kernel a device's driver rejects).
+"""
+import functools
+import os
+from typing import Literal
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Kernel = Literal["splash", "cudnn", "xla"]
+KERNEL_ENV = "SIMPLIFIED_FLAX_ATTENTION_KERNEL"
+SPLASH_BLOCK = 128       # the splash kernel's tile along Tq and Tk; T must be a multiple
+_CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
+
+
+def choose_kernel(q_BTHd, k_BTHd, *, mask, backend: str | None = None) -> Kernel:
+  """The kernel `dot_product_attention` uses for these shapes on `backend` (default: JAX's)."""
+  if os.environ.get(KERNEL_ENV, "auto") == "xla":
+    return "xla"
+  backend = backend or jax.default_backend()
+  Tq, Tk = q_BTHd.shape[1], k_BTHd.shape[1]
+  if backend == "tpu" and mask is None and Tq == Tk and Tq % SPLASH_BLOCK == 0:
+    return "splash"
+  if backend == "gpu" and q_BTHd.dtype in _CUDNN_DTYPES:
+    return "cudnn"
+  return "xla"
+
+
+def dot_product_attention(q_BTHd, k_BTHd, v_BTHd, *, mask=None, is_causal: bool = False,
+                          backend: str | None = None, interpret: bool = False):
+  """Attention output [B, Tq, H, Dh] in the inputs' dtype, as `jax.nn.dot_product_attention`.
+
+  `mask` is a boolean [B or 1, H or 1, Tq, Tk] (True: attend) or None; `is_causal` adds the
+  lower-triangular mask (Tq == Tk). `backend` overrides `jax.default_backend()` and
+  `interpret` runs the Pallas kernel in interpret mode: both only so that tests on CPU can
+  check the TPU kernel against XLA. Every kernel agrees with XLA to the dtype's round-off.
+  """
+  kernel = choose_kernel(q_BTHd, k_BTHd, mask=mask, backend=backend)
+  if kernel == "splash":
+    return _splash(q_BTHd, k_BTHd, v_BTHd, is_causal=is_causal, interpret=interpret)
+  if kernel == "cudnn":
+    try:
+      return jax.nn.dot_product_attention(q_BTHd, k_BTHd, v_BTHd, mask=mask,
+                                          is_causal=is_causal, implementation="cudnn")
+    except (ValueError, NotImplementedError, RuntimeError) as e:
+      # cuDNN's shape/version checks run while tracing; its refusal costs nothing here.
+      logging.log_first_n(logging.INFO, "cuDNN attention not taken (%s); using XLA.", 1, e)
+  return jax.nn.dot_product_attention(q_BTHd, k_BTHd, v_BTHd, mask=mask, is_causal=is_causal,
+                                      implementation="xla")
+
+
+@functools.lru_cache(maxsize=32)
+def _splash_kernel(num_heads: int, seq_len: int, is_causal: bool, interpret: bool):
+  """A splash kernel for [H, T, Dh] inputs (built once per shape: its mask tables are static)."""
+  # pylint: disable=import-outside-toplevel
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+  head_mask = (sm.CausalMask((seq_len, seq_len)) if is_causal
+               else sm.FullMask((seq_len, seq_len)))
+  block = SPLASH_BLOCK
+  sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                        block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                        block_q_dq=block, block_kv_dq=block)
+  # Its mask tables become concrete arrays even when first built inside a jit trace (the
+  # cache outlives the trace).
+  with jax.ensure_compile_time_eval():
+    return sk.make_splash_mha(sm.MultiHeadMask([head_mask] * num_heads), block_sizes=sizes,
+                              head_shards=1, q_seq_shards=1, interpret=interpret)
+
+
+def _splash(q_BTHd, k_BTHd, v_BTHd, *, is_causal: bool, interpret: bool):
+  _, T, H, Dh = q_BTHd.shape
+  kernel = _splash_kernel(H, T, bool(is_causal), interpret)
+  # The kernel takes [H, T, Dh] per example and does not scale the logits itself.
+  to_BHTd = lambda x: jnp.swapaxes(x, 1, 2)
+  q_BHTd = to_BHTd(q_BTHd * jnp.asarray(1.0 / np.sqrt(Dh), q_BTHd.dtype))
+  out_BHTd = jax.vmap(kernel)(q_BHTd, to_BHTd(k_BTHd), to_BHTd(v_BTHd))
+  return jnp.swapaxes(out_BHTd, 1, 2).astype(v_BTHd.dtype)
