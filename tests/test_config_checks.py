@@ -1,0 +1,79 @@
+"""Every rule of the whole-config check fails before anything is built or written: the
+workdir stays absent, no tokenizer is trained, no dataset prepared (issue 13, items 2-3)."""
+import pytest
+
+import configs
+from simplified_flax.model.checks import ConfigError
+from simplified_flax.training.config_checks import validate_run_config
+from simplified_flax.train import train_and_evaluate
+
+# (override, text the one-line message must contain). One row per rule.
+RULES = [
+    ({"model.n_layer": -1}, "model.n_layer=-1"),
+    ({"model.n_head": 5}, "not divisible by model.n_head"),
+    ({"model.norm_type": "batch"}, "model.norm_type='batch' is unknown"),
+    ({"batch_size": 0}, "batch_size=0"),
+    ({"grad_accum_steps": 3}, "grad_accum_steps=3"),
+    ({"num_train_steps": 0}, "num_train_steps=0"),
+    ({"log_every_steps": -1}, "log_every_steps=-1"),
+    ({"eval_every_steps": -5}, "eval_every_steps=-5"),
+    ({"eval_steps": -1}, "eval_steps=-1"),
+    ({"eval_steps": 0}, "eval_steps=0"),
+    ({"checkpoint_every_steps": -1}, "checkpoint_every_steps=-1"),
+    ({"max_to_keep": 0}, "max_to_keep=0"),
+    ({"keep_every_steps": -2}, "keep_every_steps=-2"),
+    ({"keep_every_steps": 30, "checkpoint_every_steps": 20}, "not a multiple"),
+    ({"restore_step": -1}, "restore_step=-1"),
+    ({"diagnostics_every": -1}, "diagnostics_every=-1"),
+    ({"seed": -3}, "seed=-3"),
+    ({"dtype": "float64"}, "dtype='float64' is unknown"),
+    ({"parallel.mode": "dp"}, "parallel.mode='dp' is unknown"),
+    ({"parallel.fsdp": 0}, "parallel.fsdp=0"),
+    ({"optimizer.learning_rate": -1.0}, "optimizer.learning_rate=-1.0"),
+    ({"optimizer.learning_rate": 0.0}, "optimizer.learning_rate=0.0"),
+    ({"optimizer.schedule": "step"}, "optimizer.schedule='step' is unknown"),
+    ({"optimizer.warmup_fraction": 1.5}, "optimizer.warmup_fraction=1.5"),
+    ({"optimizer.warmup_steps": -1}, "optimizer.warmup_steps=-1"),
+    ({"optimizer.weight_decay": -0.1}, "optimizer.weight_decay=-0.1"),
+    ({"optimizer.b1": 1.0}, "optimizer.b1=1.0"),
+    ({"optimizer.b2": -0.5}, "optimizer.b2=-0.5"),
+    ({"optimizer.eps": 0.0}, "optimizer.eps=0.0"),
+    ({"optimizer.grad_clip_norm": -1.0}, "optimizer.grad_clip_norm=-1.0"),
+    ({"data.name": ""}, "data.name=''"),
+    ({"data.name": "text_files"}, "needs data.paths"),
+    ({"data.tokenizer": "bpe"}, "data.tokenizer='bpe' is unknown"),
+    ({"data.spm_vocab_size": 2}, "data.spm_vocab_size=2"),
+    ({"data.spm_train_chars": 0}, "data.spm_train_chars=0"),
+    ({"data.mlm_rate": 1.0}, "data.mlm_rate=1.0"),
+    ({"data.shuffle_buffer": 0}, "data.shuffle_buffer=0"),
+    ({"data.prefetch": -1}, "data.prefetch=-1"),
+    ({"data.train_split": ""}, "data.train_split=''"),
+    ({"data.eval_split": ""}, "data.eval_split=''"),
+]
+
+
+def _config(overrides):
+  # sentencepiece: a run that got past the check would train a tokenizer into the workdir.
+  return configs.load("preln:cpu", {"data.tokenizer": "sentencepiece", **overrides})
+
+
+@pytest.mark.parametrize("overrides,expected", RULES,
+                         ids=[",".join(o) for o, _ in RULES])
+def test_each_rule_fails_before_anything_is_written(overrides, expected, tmp_path):
+  workdir = tmp_path / "run"
+  with pytest.raises(ConfigError) as err:
+    train_and_evaluate(_config(overrides), str(workdir), tensorboard=False)
+  assert expected in str(err.value)
+  assert "\n" not in str(err.value)
+  assert not workdir.exists()
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_the_default_configs_pass():
+  for name in ("preln:cpu", "sas_p_nonorm", "bert_sas_p"):
+    validate_run_config(configs.load(name), device_count=1)
+
+
+def test_the_batch_must_split_over_the_devices():
+  with pytest.raises(ConfigError, match="batch_size=16 does not split over the 3 devices"):
+    validate_run_config(configs.load("preln:cpu"), device_count=3)
