@@ -11,7 +11,7 @@ where, the fix>`, and exit with
 
 without a traceback (`--verbose` prints it too). Anything else is a bug and keeps its
 traceback. SIGTERM before the training loop has taken over the signal exits 0, as a stop
-request in the loop does (README, "Errors").
+request in the loop does (README, "Errors and exit statuses").
 """
 import difflib
 import errno

@@ -7,8 +7,8 @@ A workdir that holds checkpoints resumes from the latest good one. The resolved 
 `DIR/config.json`, metrics to `DIR/metrics.jsonl` and `DIR/tensorboard/`, checkpoints to
 `DIR/checkpoints/`. SIGTERM (or a TPU preemption notice) saves at the next step and exits 0;
 before the first step it exits 0 at once. One run per workdir (a lock); user errors print one
-line and exit 2 (usage) or 1 (README, "Errors"); `--config.restore_step=N` rewinds (README,
-"Resuming").
+line and exit 2 (usage) or 1 (README, "Errors and exit statuses");
+`--config.restore_step=N` rewinds to a kept step (README, "Resuming").
 
 Library use (a notebook needs only the three pure functions; see train_step.py):
 

@@ -88,3 +88,19 @@ def test_sigterm_during_start_up_exits_0_with_a_message(tmp_path):
   assert proc.returncode == 0, stderr[-3000:]
   assert "Stopped by SIGTERM outside the training loop" in stderr
   assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+
+def test_an_unprepared_tfds_dataset_without_network_fails_before_tfds_is_asked(tmp_path,
+                                                                             monkeypatch):
+  from simplified_flax.training import data_preflight  # pylint: disable=import-outside-toplevel
+  import configs  # pylint: disable=import-outside-toplevel
+  data = configs.load("preln:cpu", {"data.name": "lm1b",
+                                    "data.tfds_data_dir": str(tmp_path / "tfds")}).data
+  monkeypatch.setattr(data_preflight, "network_reachable", lambda *a, **k: False)
+  with pytest.raises(DataError, match=r"'lm1b' is not prepared in .*`tfds build lm1b"):
+    data_preflight.check_tfds_available(data)
+  (tmp_path / "tfds" / "lm1b" / "1.1.0").mkdir(parents=True)
+  (tmp_path / "tfds" / "lm1b" / "1.1.0" / "dataset_info.json").write_text("{}")
+  data_preflight.check_tfds_available(data)      # prepared: tfds reads it, no network needed
+  assert not list((tmp_path / "tfds").glob("**/*.tmp"))

@@ -77,3 +77,32 @@ def test_the_default_configs_pass():
 def test_the_batch_must_split_over_the_devices():
   with pytest.raises(ConfigError, match="batch_size=16 does not split over the 3 devices"):
     validate_run_config(configs.load("preln:cpu"), device_count=3)
+
+
+FINETUNE_RULES = [
+    ({"epochs": 0}, "finetune.epochs=0"),
+    ({"batch_size": 0}, "finetune.batch_size=0"),
+    ({"eval_batch_size": -1}, "finetune.eval_batch_size=-1"),
+    ({"log_every_steps": 0}, "finetune.log_every_steps=0"),
+    ({"max_train_examples": -1}, "finetune.max_train_examples=-1"),
+    ({"max_eval_examples": -1}, "finetune.max_eval_examples=-1"),
+    ({"seed": -1}, "finetune.seed=-1"),
+    ({"learning_rate": 0.0}, "finetune.learning_rate=0.0"),
+    ({"seq_len": 0}, "finetune.seq_len=0"),
+    ({"warmup_fraction": -0.1}, "finetune.warmup_fraction=-0.1"),
+    ({"dropout_rate": 1.0}, "finetune.dropout_rate=1.0"),
+    ({"weight_decay": -1.0}, "finetune.weight_decay=-1.0"),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", FINETUNE_RULES,
+                         ids=[",".join(o) for o, _ in FINETUNE_RULES])
+def test_each_finetune_rule_fails_before_the_output_folder_exists(overrides, expected,
+                                                                  tmp_path):
+  from simplified_flax.glue import finetune as glue_finetune  # pylint: disable=g-import-not-at-top
+  finetune, finetune_defaults = glue_finetune.finetune, glue_finetune.finetune_defaults
+  ft = finetune_defaults()
+  ft.update(overrides)
+  with pytest.raises(ConfigError, match=expected):
+    finetune(str(tmp_path / "pretrained"), "sst2", str(tmp_path / "out"), ft=ft)
+  assert list(tmp_path.iterdir()) == []

@@ -15,7 +15,7 @@ TOKENIZERS = ("byte", "sentencepiece")
 # Dataset names that are built from local files; every other name is a tensorflow-datasets one.
 LOCAL_DATASETS = ("python_code", "text_files")
 
-__all__ = ["ConfigError", "validate_run_config"]
+__all__ = ["ConfigError", "validate_run_config", "validate_finetune_config"]
 
 
 def _require(ok: bool, message: str) -> None:
@@ -31,19 +31,20 @@ def _is_number(value) -> bool:
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _int_at_least(config, field: str, low: int, meaning: str = "") -> None:
+def _int_at_least(config, field: str, low: int, meaning: str = "", prefix: str = "") -> None:
   value = _get(config, field)
   _require(_is_int(value) and value >= low,
-           f"{field}={value!r} must be an integer >= {low}{meaning}.")
+           f"{prefix}{field}={value!r} must be an integer >= {low}{meaning}.")
 
 
 def _in_range(config, field: str, low: float, high: float, *, low_open: bool = False,
-              high_open: bool = False) -> None:
+              high_open: bool = False, prefix: str = "") -> None:
   value = _get(config, field)
   above = value > low if low_open else value >= low
   below = value < high if high_open else value <= high
   interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-  _require(_is_number(value) and above and below, f"{field}={value!r} must lie in {interval}.")
+  _require(_is_number(value) and above and below,
+           f"{prefix}{field}={value!r} must lie in {interval}.")
 
 
 def _get(config, dotted: str):
@@ -129,3 +130,20 @@ def _data_rules(config) -> None:
            f"data.train_split={d.train_split!r} must name a split, e.g. 'train'.")
   _require(isinstance(d.eval_split, str) and d.eval_split != "",
            f"data.eval_split={d.eval_split!r} must name a split, e.g. 'validation'.")
+
+
+def validate_finetune_config(ft) -> None:
+  """Raises ConfigError for a GLUE fine-tuning recipe (`--finetune.*`) that cannot work."""
+  for name in ("epochs", "batch_size", "eval_batch_size", "log_every_steps"):
+    _int_at_least(ft, name, 1, prefix="finetune.")
+  for name in ("max_train_examples", "max_eval_examples"):
+    _int_at_least(ft, name, 0, " (0: all)", prefix="finetune.")
+  _int_at_least(ft, "seed", 0, prefix="finetune.")
+  _require(_is_number(ft.learning_rate) and ft.learning_rate > 0,
+           f"finetune.learning_rate={ft.learning_rate!r} must be a positive number.")
+  _require(ft.seq_len is None or (_is_int(ft.seq_len) and ft.seq_len >= 1),
+           f"finetune.seq_len={ft.seq_len!r} must be unset (the model's context_length) or >= 1.")
+  _in_range(ft, "warmup_fraction", 0, 1, prefix="finetune.")
+  _in_range(ft, "dropout_rate", 0, 1, high_open=True, prefix="finetune.")
+  _require(_is_number(ft.weight_decay) and ft.weight_decay >= 0,
+           f"finetune.weight_decay={ft.weight_decay!r} must be >= 0.")

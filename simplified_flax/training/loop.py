@@ -17,6 +17,7 @@ import numpy as np
 
 from simplified_flax.training import checkpoints as checkpoint
 from simplified_flax.training import config_checks
+from simplified_flax.training import data_preflight
 from simplified_flax.training import metrics_io
 from simplified_flax.training import nonfinite
 from simplified_flax.training import placement as parallel
@@ -84,6 +85,8 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   parameter shapes.
   """
   config_checks.validate_run_config(config, jax.device_count())
+  if pipeline is None:
+    data_preflight.check_tfds_available(config.data)   # seconds, not tfds's minutes of retries
   os.makedirs(workdir, exist_ok=True)
   with workdir_lock.hold(workdir):
     return _train(config, workdir, pipeline=pipeline, model=model, tensorboard=tensorboard)

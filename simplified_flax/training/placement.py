@@ -33,7 +33,7 @@ PMAP_AXIS = "batch"
 # Leaves smaller than this stay replicated under FSDP: sharding them saves nothing.
 MIN_FSDP_SHARD_SIZE = 2 ** 14
 # JAX's own verdict on a silent process: the backstop behind distributed_failure's watchdog,
-# which ends the survivors sooner and with one line (README, "Errors").
+# which ends the survivors sooner and with one line (README, "Errors and exit statuses").
 HEARTBEAT_TIMEOUT_S = 25
 
 
