@@ -8,8 +8,7 @@
 
 Configs are variant files of `configs/` (`name` or `name:arg`); every `--config.*` override
 applies to each of them, after the benchmark's own shape: the paper's width (D=768, H=12,
-T=128) with `n_layer=6`, batch 8 (`--batch_size` or `--config.batch_size`; both at once must
-agree) and the byte vocabulary (256) so that a run fits a CPU in a
+T=128) with `n_layer=6`, batch 8 and the byte vocabulary (256) so that a run fits a CPU in a
 few minutes. Pass `--config.model.vocab_size=50257` for GPT-2's.
 
 What is timed: `train_step.train_step` (forward, backward, global-norm clipping, AdamW) jitted
@@ -48,6 +47,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 import configs
+from simplified_flax import cli
 from simplified_flax.training import step as train_step
 
 # The benchmark's shape, applied before the command line's overrides.
@@ -69,18 +69,6 @@ NOMINAL_PEAKS = {
 def load_config(spec: str, overrides: Dict[str, Any]):
   """configs/<name>.py (`name` or `name:arg`) with the benchmark shape, then `overrides`."""
   return configs.load(spec, dict(BENCH_SHAPE, **overrides))
-
-
-def batch_overrides(overrides: Dict[str, Any], batch_size_flag) -> Dict[str, Any]:
-  """`overrides` with `--batch_size` folded in: one batch size, never a silent winner between
-  the flag and `--config.batch_size` (a conflict is refused, naming both)."""
-  given = overrides.get("batch_size")
-  if batch_size_flag is None:
-    return overrides
-  if given is not None and given != batch_size_flag:
-    raise app.UsageError(f"--batch_size={batch_size_flag} and --config.batch_size={given} "
-                         "disagree: give one of them.", exitcode=2)
-  return dict(overrides, batch_size=batch_size_flag)
 
 
 def random_batch(config, rng) -> Dict[str, Any]:
@@ -260,8 +248,7 @@ def define_flags():
   return {
       "configs": flags.DEFINE_list("configs", ["preln", "sas", "sas_p"], "Variant files of "
                                    "configs/ (name or name:arg); the first is the reference."),
-      "batch_size": flags.DEFINE_integer("batch_size", None, "Sequences per step (default 8); "
-                                         "the same as --config.batch_size."),
+      "batch_size": flags.DEFINE_integer("batch_size", None, "= --config.batch_size (8)."),
       "steps": flags.DEFINE_integer("steps", 1, "Timed steps of each config per round."),
       "rounds": flags.DEFINE_integer("rounds", 10, "Rounds over all configs."),
       "matmul_size": flags.DEFINE_integer("matmul_size", 0, "n of the peak [n,n]@[n,n] dot; "
@@ -279,8 +266,8 @@ def main(argv, flag):
   if flag["xla_flags"].value:   # read when the first computation starts the backend
     extra = flag["xla_flags"].value
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {extra}".strip()
-  overrides = batch_overrides(dict(config_flags.get_override_values(flags.FLAGS["config"])),
-                              flag["batch_size"].value)
+  overrides = cli.with_flag(dict(config_flags.get_override_values(flags.FLAGS["config"])),
+                            "batch_size", flag["batch_size"].value)
   runners = [Runner(spec, load_config(spec, overrides)) for spec in flag["configs"].value]
   dtype_name = runners[0].config.dtype
   on_cpu = jax.devices()[0].platform == "cpu"
@@ -309,6 +296,5 @@ def main(argv, flag):
 
 
 if __name__ == "__main__":
-  from simplified_flax import cli  # pylint: disable=g-import-not-at-top
   _FLAGS = define_flags()
   cli.run(lambda argv: main(argv, _FLAGS), "simplified_flax.benchmark")

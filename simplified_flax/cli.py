@@ -45,6 +45,15 @@ def start(argv: Sequence[str]) -> flags.FlagValues:
   return flags.FLAGS
 
 
+def with_flag(overrides: dict, field: str, flag_value) -> dict:
+  """`overrides` with a dedicated flag folded into the config field it stands for (e.g. the
+  benchmark's `--batch_size`): never a silent winner, a disagreement is a usage error."""
+  if flag_value is not None and overrides.get(field, flag_value) != flag_value:
+    raise app.UsageError(f"--{field}={flag_value} and --config.{field}={overrides[field]} "
+                         "disagree: give one of them.", exitcode=USAGE_ERROR)
+  return overrides if flag_value is None else dict(overrides, **{field: flag_value})
+
+
 def exit_on_sigterm() -> None:
   """Until the training loop installs its own handler, SIGTERM exits 0 with one line: before
   the first step there is nothing to save. Entry points call this before their heavy imports,

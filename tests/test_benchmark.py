@@ -63,13 +63,15 @@ def test_command_prints_a_json_line_with_every_config():
   assert results["sas_p"]["params_trainable"] < results["preln"]["params_trainable"]
 
 
+
 def test_the_batch_size_has_one_source_of_truth():
   """`--config.batch_size=16` is measured at 16 (it was silently replaced by the flag's 8)."""
   from absl import app  # pylint: disable=import-outside-toplevel
-  assert benchmark.load_config("preln", benchmark.batch_overrides({}, None)).batch_size == 8
+  from simplified_flax import cli  # pylint: disable=import-outside-toplevel
+  assert benchmark.load_config("preln", cli.with_flag({}, "batch_size", None)).batch_size == 8
   assert benchmark.load_config(
-      "preln", benchmark.batch_overrides({"batch_size": 16}, None)).batch_size == 16
-  assert benchmark.batch_overrides({}, 4) == {"batch_size": 4}
-  assert benchmark.batch_overrides({"batch_size": 4}, 4) == {"batch_size": 4}
+      "preln", cli.with_flag({"batch_size": 16}, "batch_size", None)).batch_size == 16
+  assert cli.with_flag({}, "batch_size", 4) == {"batch_size": 4}
+  assert cli.with_flag({"batch_size": 4}, "batch_size", 4) == {"batch_size": 4}
   with pytest.raises(app.UsageError, match="--batch_size=8 and --config.batch_size=16"):
-    benchmark.batch_overrides({"batch_size": 16}, 8)
+    cli.with_flag({"batch_size": 16}, "batch_size", 8)
