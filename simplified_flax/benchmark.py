@@ -43,7 +43,7 @@ from typing import Any, Dict, List
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 import configs

@@ -235,10 +235,10 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
     iterator_close = getattr(iterator, "close", None)
     if iterator_close is not None:
       iterator_close()
-    stop.close()
     manager.wait_until_finished()
     manager.close()
     writer.close()
+    stop.close()   # last: a SIGTERM during the final save waits for it instead of cutting it
   return state
 
 
