@@ -46,10 +46,16 @@ RULES = [
     ({"data.spm_train_chars": 0}, "data.spm_train_chars=0"),
     ({"data.mlm_rate": 1.0}, "data.mlm_rate=1.0"),
     ({"data.shuffle_buffer": 0}, "data.shuffle_buffer=0"),
+    ({"data.shard_docs": 0}, "data.shard_docs=0"),
     ({"data.prefetch": -1}, "data.prefetch=-1"),
     ({"data.train_split": ""}, "data.train_split=''"),
     ({"data.eval_split": ""}, "data.eval_split=''"),
 ]
+
+# Rows for data fields that this version of the pipeline does not have are left out.
+_DATA_FIELDS = set(configs.load("preln:cpu").data.keys())
+RULES = [(o, e) for o, e in RULES
+         if all(not k.startswith("data.") or k[5:] in _DATA_FIELDS for k in o)]
 
 
 def _config(overrides):

@@ -124,7 +124,10 @@ def _data_rules(config) -> None:
   _int_at_least(config, "data.spm_vocab_size", 5, " (4 special pieces + 1)")
   _int_at_least(config, "data.spm_train_chars", 1)
   _in_range(config, "data.mlm_rate", 0, 1, low_open=True, high_open=True)
-  _int_at_least(config, "data.shuffle_buffer", 1)
+  # Fields that only some data pipelines have (streaming buffers, prepared token shards).
+  for field in ("shuffle_buffer", "shard_docs"):
+    if field in d:
+      _int_at_least(config, f"data.{field}", 1)
   _int_at_least(config, "data.prefetch", 0, " (0: no background thread)")
   _require(isinstance(d.train_split, str) and d.train_split != "",
            f"data.train_split={d.train_split!r} must name a split, e.g. 'train'.")
