@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 
+from etils import epath
 import jax
 import numpy as np
 
@@ -87,7 +88,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   config_checks.validate_run_config(config, jax.device_count())
   if pipeline is None:
     data_preflight.check_tfds_available(config.data)   # seconds, not tfds's minutes of retries
-  os.makedirs(workdir, exist_ok=True)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)   # the lock file lives there
   with workdir_lock.hold(workdir):
     return _train(config, workdir, pipeline=pipeline, model=model, tensorboard=tensorboard)
 
@@ -97,6 +98,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   # ----------------------------------------------------------------------------------------
   # Input and config.
   # ----------------------------------------------------------------------------------------
+  os.makedirs(workdir, exist_ok=True)
   if pipeline is None:
     from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
     pipeline = parallel.primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
