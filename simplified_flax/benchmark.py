@@ -43,15 +43,16 @@ from typing import Any, Dict, List
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 import configs
+from simplified_flax import cli
 from simplified_flax.training import step as train_step
 
 # The benchmark's shape, applied before the command line's overrides.
 BENCH_SHAPE = {"model.n_layer": 6, "model.n_embd": 768, "model.n_head": 12,
-               "model.context_length": 128, "model.vocab_size": 256}
+               "model.context_length": 128, "model.vocab_size": 256, "batch_size": 8}
 
 EMBEDDINGS = ("wte", "wpe")   # left out of the non-embedding count
 
@@ -247,7 +248,7 @@ def define_flags():
   return {
       "configs": flags.DEFINE_list("configs", ["preln", "sas", "sas_p"], "Variant files of "
                                    "configs/ (name or name:arg); the first is the reference."),
-      "batch_size": flags.DEFINE_integer("batch_size", 8, "Sequences per step."),
+      "batch_size": flags.DEFINE_integer("batch_size", None, "= --config.batch_size (8)."),
       "steps": flags.DEFINE_integer("steps", 1, "Timed steps of each config per round."),
       "rounds": flags.DEFINE_integer("rounds", 10, "Rounds over all configs."),
       "matmul_size": flags.DEFINE_integer("matmul_size", 0, "n of the peak [n,n]@[n,n] dot; "
@@ -265,8 +266,8 @@ def main(argv, flag):
   if flag["xla_flags"].value:   # read when the first computation starts the backend
     extra = flag["xla_flags"].value
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {extra}".strip()
-  overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
-  overrides["batch_size"] = flag["batch_size"].value
+  overrides = cli.with_flag(dict(config_flags.get_override_values(flags.FLAGS["config"])),
+                            "batch_size", flag["batch_size"].value)
   runners = [Runner(spec, load_config(spec, overrides)) for spec in flag["configs"].value]
   dtype_name = runners[0].config.dtype
   on_cpu = jax.devices()[0].platform == "cpu"
@@ -296,4 +297,4 @@ def main(argv, flag):
 
 if __name__ == "__main__":
   _FLAGS = define_flags()
-  app.run(lambda argv: main(argv, _FLAGS))
+  cli.run(lambda argv: main(argv, _FLAGS), "simplified_flax.benchmark")

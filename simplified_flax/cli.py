@@ -1,9 +1,36 @@
-"""What every command-line entry point does first, after absl has parsed the flags."""
-from typing import Sequence
+"""What every command-line entry point shares: flag parsing, start-up, and one-line errors.
+
+An entry point ends with `cli.run(main, "simplified_flax.train")` instead of `app.run(main)`.
+Errors caused by the user's input then print one line on stderr, `<program>: error: <what,
+where, the fix>`, and exit with
+
+    2  a usage error: a bad flag or config value, a config field that does not exist;
+    1  any other error of the input or the environment: data, workdir, checkpoints that do not
+       fit the config, a workdir locked by a live run, a full disk, a non-finite loss, a lost
+       process of a multi-host run;
+
+without a traceback (`--verbose` prints it too). Anything else is a bug and keeps its
+traceback. SIGTERM before the training loop has taken over the signal exits 0, as a stop
+request in the loop does (README, "Errors and exit statuses").
+"""
+import difflib
+import errno
+import signal
+import sys
+import traceback
+from typing import Callable, Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
+
+USAGE_ERROR, OTHER_ERROR = 2, 1
+VERBOSE_FLAG = "verbose"
+_NO_SPACE_TEXT = ("No space left on device", "[Errno 28]")
+
+
+class UnknownOverrideError(ValueError):
+  """A `--config.<path>=value` whose path names no field of the config."""
 
 
 def start(argv: Sequence[str]) -> flags.FlagValues:
@@ -12,7 +39,199 @@ def start(argv: Sequence[str]) -> flags.FlagValues:
   would bury the progress lines. Returns the parsed flags."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {list(argv[1:])}; every option is a --flag "
-                         "(see --help).")
+                         "(see --help).", exitcode=USAGE_ERROR)
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   return flags.FLAGS
+
+
+def with_flag(overrides: dict, field: str, flag_value) -> dict:
+  """`overrides` with a dedicated flag folded into the config field it stands for (e.g. the
+  benchmark's `--batch_size`): never a silent winner, a disagreement is a usage error."""
+  if flag_value is not None and overrides.get(field, flag_value) != flag_value:
+    raise app.UsageError(f"--{field}={flag_value} and --config.{field}={overrides[field]} "
+                         "disagree: give one of them.", exitcode=USAGE_ERROR)
+  return overrides if flag_value is None else dict(overrides, **{field: flag_value})
+
+
+def exit_on_sigterm() -> None:
+  """Until the training loop installs its own handler, SIGTERM exits 0 with one line: before
+  the first step there is nothing to save. Entry points call this before their heavy imports,
+  so that a stop request during start-up is never answered with a bare status 143."""
+  def stop(signum, frame):
+    del signum, frame
+    print("Stopped by SIGTERM outside the training loop: every completed checkpoint stays; "
+          "rerun the same command to resume.", file=sys.stderr, flush=True)
+    raise SystemExit(0)
+  signal.signal(signal.SIGTERM, stop)
+
+
+def run(main: Callable[[list[str]], None], program: str) -> None:
+  """`app.run(main)` with the flags parsed by `parse_flags` and user errors as one line."""
+  if VERBOSE_FLAG not in flags.FLAGS:
+    flags.DEFINE_bool(VERBOSE_FLAG, False, "Print the traceback of a user error too.")
+  verbose = _verbose_requested(sys.argv)
+  try:
+    app.run(main, flags_parser=parse_flags)
+  except SystemExit as done:
+    if not done.code:
+      _mark_done()
+    raise
+  except KeyboardInterrupt:
+    raise
+  except BaseException as error:  # pylint: disable=broad-except
+    lost = _explain_peer_loss(error)
+    if lost is not None:
+      if verbose:
+        traceback.print_exc()
+      _stop_after_peer_loss(lost, program)
+    status = exit_status(error)
+    if status is None:
+      raise   # a bug: keep the traceback
+    if verbose:
+      traceback.print_exc()
+    print(f"{program}: error: {one_line(error)}"
+          + ("" if verbose else " (--verbose shows the traceback)"), file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, with a mistyped config field reported as UnknownOverrideError (with the
+  nearest field name) and any other parse failure as a usage error."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as error:
+    raise app.UsageError(str(error), exitcode=USAGE_ERROR) from error
+  except (AttributeError, KeyError) as error:
+    unknown = unknown_override(argv)
+    if unknown is not None:
+      raise unknown from error
+    raise app.UsageError(f"{error}", exitcode=USAGE_ERROR) from error
+
+
+def unknown_override(argv: Sequence[str]) -> UnknownOverrideError | None:
+  """The error for the first `--<config flag>.<path>=...` of `argv` whose path is no field of
+  that flag's config, with the closest existing field (difflib) as the fix."""
+  for flag_name, config in _config_flags(argv):
+    fields = set(_field_paths(config))
+    for arg in argv:
+      prefix = f"--{flag_name}."
+      if not arg.startswith(prefix):
+        continue
+      path = arg[len(prefix):].split("=", 1)[0]
+      if path in fields:
+        continue
+      close = difflib.get_close_matches(path, sorted(fields), n=1, cutoff=0.6)
+      fix = (f"did you mean --{flag_name}.{close[0]}?" if close else
+             f"see the config file for the field names.")
+      return UnknownOverrideError(f"--{flag_name}.{path}: the config has no field '{path}'; "
+                                  f"{fix}")
+  return None
+
+
+def _config_flags(argv: Sequence[str]):
+  """(name, loaded ConfigDict) of every ml_collections config flag named in `argv`."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  for name, flag in flags.FLAGS._flags().items():  # pylint: disable=protected-access
+    if not any(a.startswith(f"--{name}.") for a in argv) or "." in name:
+      continue
+    given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+    try:
+      if given:
+        config = flag.parser.parse(given[-1])
+      else:
+        config = flag.default if isinstance(flag.default, ml_collections.ConfigDict) else (
+            flag.parser.parse(flag.default))
+    except Exception:  # pylint: disable=broad-except
+      continue   # the config file itself does not load: absl's own message says why
+    if isinstance(config, ml_collections.ConfigDict):
+      yield name, config
+
+
+def _field_paths(config, prefix: str = ""):
+  for key in config.keys():
+    value = config[key]
+    yield prefix + key
+    if hasattr(value, "keys") and callable(value.keys):
+      yield from _field_paths(value, f"{prefix}{key}.")
+
+
+def _mark_done() -> None:
+  if "simplified_flax.training.distributed_failure" in sys.modules:
+    sys.modules["simplified_flax.training.distributed_failure"].mark_done()
+
+
+def _explain_peer_loss(error: BaseException):
+  if "simplified_flax.training.distributed_failure" not in sys.modules:
+    return None   # never joined a multi-host run
+  return sys.modules["simplified_flax.training.distributed_failure"].explain(error)
+
+
+def _stop_after_peer_loss(lost, program: str) -> None:
+  sys.modules["simplified_flax.training.distributed_failure"].stop(lost, program)
+
+
+def _verbose_requested(argv: Sequence[str]) -> bool:
+  return any(a in (f"--{VERBOSE_FLAG}", f"--{VERBOSE_FLAG}=true", f"--{VERBOSE_FLAG}=1",
+                   f"--{VERBOSE_FLAG}=True") for a in argv)
+
+
+# ------------------------------------------------------------------------------------------
+# Which errors are the user's.
+# ------------------------------------------------------------------------------------------
+def error_chain(error: BaseException):
+  """`error`, its causes and contexts, and the members of exception groups, each once."""
+  seen, todo = set(), [error]
+  while todo:
+    e = todo.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    yield e
+    todo.extend([e.__cause__, e.__context__, *getattr(e, "exceptions", ())])
+
+
+def is_disk_full(error: BaseException) -> bool:
+  """Whether ENOSPC appears anywhere in the chain (Orbax wraps it in its own errors)."""
+  return any((isinstance(e, OSError) and e.errno == errno.ENOSPC)
+             or any(text in str(e) for text in _NO_SPACE_TEXT) for e in error_chain(error))
+
+
+def _user_error_types():
+  # Imported here: this module is imported before JAX, for the start-up SIGTERM handler.
+  # pylint: disable=import-outside-toplevel
+  from simplified_flax.data.errors import DataError
+  from simplified_flax.model.checks import ConfigError
+  from simplified_flax.training import checkpoints
+  from simplified_flax.training import nonfinite
+  from simplified_flax.training import workdir_lock
+  from simplified_flax.training import distributed_failure
+  usage = (ConfigError, UnknownOverrideError, app.UsageError)
+  other = (DataError, checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
+           checkpoints.WorkdirError, workdir_lock.WorkdirLockedError,
+           nonfinite.NonFiniteLossError, distributed_failure.PeerLostError)
+  return usage, other
+
+
+def exit_status(error: BaseException) -> int | None:
+  """2 for a usage error, 1 for another user-input or environment error, None for a bug."""
+  usage, other = _user_error_types()
+  if isinstance(error, usage):
+    return USAGE_ERROR
+  if isinstance(error, other):
+    return OTHER_ERROR
+  if is_disk_full(error):
+    return OTHER_ERROR
+  return None
+
+
+def one_line(error: BaseException) -> str:
+  """The message of `error` on one line (a full disk gets its own message and fix)."""
+  if is_disk_full(error) and not isinstance(error, _user_error_types()[1]):
+    where = next((getattr(e, "filename", None) for e in error_chain(error)
+                  if getattr(e, "filename", None)), None)
+    return ("No space left on device" + (f" writing {where}" if where else "") + ". Free space "
+            "and rerun the same command: it resumes from the last complete checkpoint (a "
+            "step that was being written is discarded).")
+  text = str(error.args[0]) if len(error.args) == 1 else str(error)
+  return " ".join(text.split())

@@ -8,7 +8,6 @@ prints one JSON line {"step", "eval_loss", "eval_perplexity", "eval_tokens"} for
 """
 import json
 
-from absl import app
 from absl import flags
 import jax
 
@@ -32,4 +31,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("workdir", None, "The --workdir of a training run.", required=True)
   flags.DEFINE_integer("eval_steps", None, "Eval batches (default: the saved config's).")
   parallel.define_distributed_flags()
-  app.run(main)
+  cli.run(main, "simplified_flax.evaluate")

@@ -16,7 +16,6 @@ glue.py). A NaN or infinite loss stops the run with the training loop's NonFinit
 """
 import json
 
-from absl import app
 from absl import flags
 
 from simplified_flax import cli
@@ -47,4 +46,4 @@ if __name__ == "__main__":
                       required=True)
   flags.DEFINE_string("workdir", None, "Output folder (default <pretrained_workdir>/glue/TASK).")
   flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard event files.")
-  app.run(main)
+  cli.run(main, "simplified_flax.finetune")

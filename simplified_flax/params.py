@@ -9,8 +9,10 @@ collection), `non_embedding` (trainable minus token and position embeddings) and
 """
 import json
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from simplified_flax import cli
 
 from simplified_flax.model.parameters import count_parameters, variable_shapes
 
@@ -39,4 +41,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  cli.run(main, "simplified_flax.params")

@@ -100,4 +100,4 @@ if __name__ == "__main__":
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
   flags.DEFINE_enum("attention_impl", None, ["explicit", "fused"],
                     "Attention path (default: the run's).")
-  app.run(main)
+  cli.run(main, "simplified_flax.sample")

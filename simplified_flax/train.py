@@ -5,7 +5,10 @@
 
 A workdir that holds checkpoints resumes from the latest good one. The resolved config goes to
 `DIR/config.json`, metrics to `DIR/metrics.jsonl` and `DIR/tensorboard/`, checkpoints to
-`DIR/checkpoints/`. SIGTERM (or a TPU preemption notice) saves at the next step and exits 0.
+`DIR/checkpoints/`. SIGTERM (or a TPU preemption notice) saves at the next step and exits 0;
+before the first step it exits 0 at once. One run per workdir (a lock); user errors print one
+line and exit 2 (usage) or 1 (README, "Errors and exit statuses");
+`--config.restore_step=N` rewinds to a kept step (README, "Resuming").
 
 Library use (a notebook needs only the three pure functions; see train_step.py):
 
@@ -15,10 +18,14 @@ Library use (a notebook needs only the three pure functions; see train_step.py):
 
 or the whole loop: `train_and_evaluate(config, workdir, pipeline=None)`.
 """
-from absl import app
+from simplified_flax import cli
+
+if __name__ == "__main__":
+  cli.exit_on_sigterm()   # before the slow imports below: SIGTERM in start-up exits 0
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 
-from simplified_flax import cli
 from simplified_flax.training import placement as parallel
 from simplified_flax.training.loop import NonFiniteLossError, train_and_evaluate
 from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,
@@ -47,4 +54,4 @@ if __name__ == "__main__":
   flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard event files.")
   flags.mark_flags_as_required(["config"])
   parallel.define_distributed_flags()
-  app.run(main)
+  cli.run(main, "simplified_flax.train")

@@ -61,3 +61,17 @@ def test_command_prints_a_json_line_with_every_config():
       assert r[key] > 0, key
     assert r["tokens_per_sec"] * r["step_time_s"] == pytest.approx(2 * TINY_MODEL["context_length"])
   assert results["sas_p"]["params_trainable"] < results["preln"]["params_trainable"]
+
+
+
+def test_the_batch_size_has_one_source_of_truth():
+  """`--config.batch_size=16` is measured at 16 (it was silently replaced by the flag's 8)."""
+  from absl import app  # pylint: disable=import-outside-toplevel
+  from simplified_flax import cli  # pylint: disable=import-outside-toplevel
+  assert benchmark.load_config("preln", cli.with_flag({}, "batch_size", None)).batch_size == 8
+  assert benchmark.load_config(
+      "preln", cli.with_flag({"batch_size": 16}, "batch_size", None)).batch_size == 16
+  assert cli.with_flag({}, "batch_size", 4) == {"batch_size": 4}
+  assert cli.with_flag({"batch_size": 4}, "batch_size", 4) == {"batch_size": 4}
+  with pytest.raises(app.UsageError, match="--batch_size=8 and --config.batch_size=16"):
+    cli.with_flag({"batch_size": 16}, "batch_size", 8)

@@ -12,12 +12,11 @@ pretraining ones. After every epoch each validation split is scored with the tas
 Writes to OUT (default `DIR/glue/<task>`): `metrics.jsonl` (loss rows every
 `log_every_steps`, one row per epoch with `<split>/<metric>` and `score`), and `result.json`
 with the last epoch's metrics and score (the number that enters the GLUE average; see
-glue.py). A NaN or infinite loss stops the run with the training loop's NonFiniteLossError.
+glue.py). A NaN or infinite loss stops the run with NonFiniteLossError (training/nonfinite.py).
 """
 import copy
 import functools
 import json
-import math
 import os
 
 from absl import logging
@@ -36,7 +35,8 @@ from simplified_flax.data import tokenizers
 from simplified_flax.data.errors import DataError
 from simplified_flax.training.evaluation import load_config
 from simplified_flax.model.transformer import build_model
-from simplified_flax.training.loop import NonFiniteLossError
+from simplified_flax.training import config_checks
+from simplified_flax.training import nonfinite
 from simplified_flax.training.step import create_train_state
 
 RESULT_FILE = "result.json"
@@ -116,17 +116,6 @@ def evaluate_split(predict_fn, state, split: glue.EncodedSplit, task: glue.GlueT
   return task_metrics.compute(task.metrics, np.concatenate(predictions), split.labels_N)
 
 
-def check_finite(pending: list[tuple[int, dict]]) -> None:
-  """Raises NonFiniteLossError at the first step whose loss or grad norm is NaN or inf."""
-  for step, metrics in pending:
-    loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-      raise NonFiniteLossError(
-          f"Non-finite loss at fine-tuning step {step} (loss {loss}, grad norm {grad_norm}). "
-          f"Lower --finetune.learning_rate (the paper reports NaNs for encoders without "
-          f"norms here).")
-
-
 # ------------------------------------------------------------------------------------------
 # The run.
 # ------------------------------------------------------------------------------------------
@@ -149,6 +138,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
   # ----------------------------------------------------------------------------------------
   task = glue.get_task(task_name)
   ft = ft if ft is not None else finetune_defaults()
+  config_checks.validate_finetune_config(ft)   # before the output folder is created
   workdir = workdir or os.path.join(pretrained_workdir, "glue", task.name)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)   # epath: gs://... works too
   saved = load_config(pretrained_workdir)
@@ -227,7 +217,9 @@ def _flush(pending: list[tuple[int, dict]], writer) -> list:
   if not pending:
     return []
   pending = [(s, jax.device_get(m)) for s, m in pending]
-  check_finite(pending)
+  nonfinite.check_finite(pending, label="fine-tuning step", advice=(
+      "Lower --finetune.learning_rate (the paper reports NaNs for encoders without norms "
+      "here); a fine-tuning run keeps no checkpoints, so it starts over."))
   last_step, last = pending[-1]
   writer.write_scalars(last_step, {
       "loss": float(np.mean([m["loss"] for _, m in pending])),

@@ -17,8 +17,8 @@ Guarantees:
 * A saved config that differs from the new one in a way that changes parameter shapes raises
   `IncompatibleCheckpointError` naming the fields; checkpoints are never touched for that.
 """
-import copy
 import dataclasses
+import json
 import os
 import shutil
 import time
@@ -27,9 +27,10 @@ from typing import Any, Callable
 from absl import logging
 from etils import epath
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+
+from simplified_flax.training.fingerprint import fingerprint
 
 ITEMS = ("state", "data", "config", "meta")
 CHECKPOINT_DIR = "checkpoints"
@@ -44,6 +45,14 @@ class CheckpointError(RuntimeError):
   """The workdir holds checkpoints but none of them can be restored."""
 
 
+class WorkdirError(FileNotFoundError):
+  """The workdir, or the checkpoint step asked for, does not exist."""
+
+
+# Fields that only say how this start resumes; they never make a checkpoint incompatible.
+RESUME_ONLY_FIELDS = ("restore_step",)
+
+
 @dataclasses.dataclass
 class Restored:
   step: int
@@ -56,10 +65,18 @@ class Restored:
 # Manager.
 # ------------------------------------------------------------------------------------------
 def make_manager(workdir: str, max_to_keep: int, save_interval_steps: int,
-                 async_save: bool = True) -> ocp.CheckpointManager:
-  """The run's CheckpointManager over `<workdir>/checkpoints` (left-over temp dirs removed)."""
+                 async_save: bool = True, keep_every_steps: int = 0) -> ocp.CheckpointManager:
+  """The run's CheckpointManager over `<workdir>/checkpoints` (left-over temp dirs removed).
+
+  It keeps the latest `max_to_keep` steps and, with `keep_every_steps` = K > 0, every step
+  divisible by K as well (Orbax preservation policies): a sparse trail from before a blow-up.
+  """
+  preservation = ocp.checkpoint_managers.LatestN(max_to_keep)
+  if keep_every_steps > 0:
+    preservation = ocp.checkpoint_managers.AnyPreservationPolicy(
+        [preservation, ocp.checkpoint_managers.EveryNSteps(keep_every_steps)])
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, save_interval_steps=max(1, save_interval_steps),
+      preservation_policy=preservation, save_interval_steps=max(1, save_interval_steps),
       enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)
   if "://" not in workdir:
     workdir = os.path.abspath(workdir)   # Orbax wants absolute local paths
@@ -75,7 +92,7 @@ def open_read_only(workdir: str) -> ocp.CheckpointManager:
   directory = epath.Path(workdir if "://" in workdir else os.path.abspath(workdir))
   directory = directory / CHECKPOINT_DIR
   if not directory.exists():
-    raise FileNotFoundError(f"{directory} does not exist: is {workdir!r} the --workdir of a "
+    raise WorkdirError(f"{directory} does not exist: is {workdir!r} the --workdir of a "
                             "training run?")
   options = ocp.CheckpointManagerOptions(read_only=True, create=False,
                                          cleanup_tmp_directories=False)
@@ -100,38 +117,6 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_di
 
 
 # ------------------------------------------------------------------------------------------
-# Fingerprint: a uint32 hash of the bits of every leaf, independent of sharding and order of
-# reduction (integer arithmetic wraps exactly).
-# ------------------------------------------------------------------------------------------
-def _bits_u32(x: jax.Array) -> jax.Array:
-  if x.dtype == jnp.bool_:
-    return x.astype(jnp.uint32)
-  itemsize = jnp.dtype(x.dtype).itemsize
-  if itemsize == 4:
-    return jax.lax.bitcast_convert_type(x, jnp.uint32)
-  if itemsize == 2:
-    return jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
-  if itemsize == 1:
-    return jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)
-  return jnp.sum(jax.lax.bitcast_convert_type(x, jnp.uint32), axis=-1)  # 64-bit: add halves
-
-
-@jax.jit
-def fingerprint(tree) -> jax.Array:
-  """uint32 hash of all leaves: sum over elements of bits * (2 * flat_index + 1), mixed."""
-  total = jnp.uint32(0)
-  for leaf in jax.tree.leaves(tree):
-    leaf = jnp.asarray(leaf)
-    index = jnp.zeros(leaf.shape, jnp.uint32)
-    for dim in range(leaf.ndim):
-      index = index * jnp.uint32(leaf.shape[dim]) + jax.lax.broadcasted_iota(
-          jnp.uint32, leaf.shape, dim)
-    leaf_hash = jnp.sum(_bits_u32(leaf) * (2 * index + 1), dtype=jnp.uint32)
-    total = total * jnp.uint32(1_000_003) + leaf_hash + jnp.uint32(leaf.size)
-  return total
-
-
-# ------------------------------------------------------------------------------------------
 # Config compatibility.
 # ------------------------------------------------------------------------------------------
 def flatten_config(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -151,57 +136,68 @@ def config_differences(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:
   return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
+def _is_float(value) -> bool:
+  return isinstance(value, float)
+
+
 def shape_changing_fields(saved: dict, new: dict,
                           param_shapes: Callable[[dict], dict]) -> list[str]:
-  """The differing fields of `new` that, one at a time, change `param_shapes(config_dict)`.
+  """The differing model fields of `new` that can change `param_shapes(config_dict)`.
 
-  `param_shapes` maps a config dict to {parameter path: shape}. When the saved and new shapes
-  agree the answer is []; when they differ but no single field explains it, every differing
-  model field is named.
+  `param_shapes` maps a config dict to {parameter path: shape}; it runs once per config (the
+  model is traced with `jax.eval_shape`, never built per field). When the saved and new
+  shapes agree the answer is []. Otherwise every differing model field is named except those
+  that are numbers on both sides (gains, rates, epsilons: scalars that shape no parameter).
   """
   diffs = config_differences(saved, new)
   model_diffs = [k for k in diffs if k.startswith("model.")]
-  if not model_diffs:
+  if not model_diffs or param_shapes(saved) == param_shapes(new):
     return []
-  new_shapes = param_shapes(new)
-  if param_shapes(saved) == new_shapes:
-    return []
-  culprits = []
-  for field in model_diffs:
-    reverted = _with_field(new, field, diffs[field][0])
-    try:
-      changed = param_shapes(reverted) != new_shapes
-    except Exception:  # pylint: disable=broad-except
-      changed = True   # the saved value alone does not even build with the new config
-    if changed:
-      culprits.append(field)
+  culprits = [k for k in model_diffs
+              if not (_is_float(diffs[k][0]) and _is_float(diffs[k][1]))]
   return culprits or model_diffs
 
 
-def _with_field(config_dict: dict, dotted: str, value) -> dict:
-  out = copy.deepcopy(config_dict)
-  node = out
-  *parents, leaf = dotted.split(".")
-  for p in parents:
-    node = node[p]
-  node[leaf] = value
-  return out
+def _first_shape_difference(saved_shapes: dict, new_shapes: dict) -> str:
+  for path in sorted(set(saved_shapes) | set(new_shapes)):
+    a, b = saved_shapes.get(path), new_shapes.get(path)
+    if a != b:
+      return (f"{path}: saved {a if a is not None else 'absent'}, "
+              f"now {b if b is not None else 'absent'}")
+  return ""
 
 
 def check_compatible(saved: dict, new: dict, param_shapes: Callable[[dict], dict],
                      where: str) -> None:
   """Raises IncompatibleCheckpointError when `saved` and `new` give different parameters."""
+  param_shapes = _cached(param_shapes)
   culprits = shape_changing_fields(saved, new, param_shapes)
   if culprits:
     diffs = config_differences(saved, new)
     listing = ", ".join(f"{k} (saved {diffs[k][0]!r}, now {diffs[k][1]!r})" for k in culprits)
+    example = _first_shape_difference(param_shapes(saved), param_shapes(new))
     raise IncompatibleCheckpointError(
         f"Refusing to resume from {where}: the new config changes parameter shapes through "
-        f"{listing}. Use a fresh --workdir, or set these fields back.")
-  others = config_differences(saved, new)
+        f"{listing} (e.g. {example}). Use a fresh --workdir, or set these fields back.")
+  others = {k: v for k, v in config_differences(saved, new).items()
+            if k not in RESUME_ONLY_FIELDS}
   if others:
     logging.warning("Resuming with config changes that keep parameter shapes: %s",
                     ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in others.items()))
+
+
+_SHAPES_CACHE: dict[tuple[int, str], dict] = {}
+
+
+def _cached(param_shapes: Callable[[dict], dict]) -> Callable[[dict], dict]:
+  """`param_shapes` computed once per distinct model config (restore tries several steps)."""
+  def shapes(config_dict: dict) -> dict:
+    key = (id(param_shapes), json.dumps({"model": config_dict.get("model"),
+                                         "dtype": config_dict.get("dtype")}, sort_keys=True))
+    if key not in _SHAPES_CACHE:
+      _SHAPES_CACHE[key] = param_shapes(config_dict)
+    return _SHAPES_CACHE[key]
+  return shapes
 
 
 # ------------------------------------------------------------------------------------------
@@ -224,7 +220,7 @@ def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dic
   steps = sorted(manager.all_steps(), reverse=True)
   if step is not None:
     if step not in steps:
-      raise FileNotFoundError(f"No checkpoint step {step} under {manager.directory}; it holds "
+      raise WorkdirError(f"No checkpoint step {step} under {manager.directory}; it holds "
                               f"steps {sorted(steps)}.")
     steps = [step]
   bad: list[tuple[int, str]] = []

@@ -8,7 +8,6 @@ returns. The pure steps it compiles live in `training/step.py`.
 import functools
 import itertools
 import json
-import math
 import os
 import signal
 import threading
@@ -18,8 +17,14 @@ import jax
 import numpy as np
 
 from simplified_flax.training import checkpoints as checkpoint
+from simplified_flax.training import config_checks
+from simplified_flax.training import data_preflight
 from simplified_flax.training import metrics_io
+from simplified_flax.training import nonfinite
 from simplified_flax.training import placement as parallel
+from simplified_flax.training import rewind
+from simplified_flax.training import workdir_lock
+from simplified_flax.training.nonfinite import NonFiniteLossError
 from simplified_flax.training.evaluation import CONFIG_FILE, run_eval
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,
@@ -31,10 +36,6 @@ __all__ = ["create_train_state", "train_step", "eval_step", "diagnostics_step",
 
 # Without logging, metrics are still read (and checked for NaN) at least this often.
 MAX_UNREAD_STEPS = 256
-
-
-class NonFiniteLossError(FloatingPointError):
-  """The loss or gradient norm of a step was NaN or infinite; the run stopped before saving."""
 
 
 class _StopRequest:
@@ -82,10 +83,23 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
 
   `pipeline` defaults to `simplified_flax.data.build_pipeline(config, workdir=workdir)` and
   `model` to `build_model(config.model, dtype=config.dtype)`. `config.model.vocab_size` is
-  set from the pipeline's tokenizer when None. Raises NonFiniteLossError naming the step of a
-  NaN/inf loss (earlier checkpoints stay), and checkpoint.IncompatibleCheckpointError when the
-  workdir's checkpoints have other parameter shapes.
+  set from the pipeline's tokenizer when None. The whole config is checked first (ConfigError,
+  nothing written); then the workdir is locked for the run (WorkdirLockedError while another
+  live run holds it). Raises NonFiniteLossError naming the step of a NaN/inf loss, the kept
+  checkpoints and the command to rewind to one (`config.restore_step`, see training/rewind.py),
+  and checkpoint.IncompatibleCheckpointError when the workdir's checkpoints have other
+  parameter shapes.
   """
+  config_checks.validate_run_config(config, jax.device_count())
+  if pipeline is None:
+    data_preflight.check_tfds_available(config.data)   # seconds, not tfds's minutes of retries
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)   # the lock file lives there
+  with workdir_lock.hold(workdir):
+    return _train(config, workdir, pipeline=pipeline, model=model, tensorboard=tensorboard)
+
+
+def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> TrainState:
+  """`train_and_evaluate` once the config is checked and the workdir is locked."""
   # ----------------------------------------------------------------------------------------
   # Input and config.
   # ----------------------------------------------------------------------------------------
@@ -111,10 +125,16 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   # ----------------------------------------------------------------------------------------
   # Checkpoint: resume from the latest good one.
   # ----------------------------------------------------------------------------------------
-  manager = checkpoint.make_manager(workdir, config.max_to_keep, config.checkpoint_every_steps)
+  manager = checkpoint.make_manager(workdir, config.max_to_keep, config.checkpoint_every_steps,
+                                    keep_every_steps=config.keep_every_steps)
   abstract_state = jax.eval_shape(lambda s: s, state)
-  restored = checkpoint.restore_latest(manager, placement.restore_target(abstract_state),
-                                       config_dict, param_shapes, workdir)
+  rewind_to, later_steps = rewind.plan(manager, config.restore_step)
+  restored = None
+  if rewind_to != 0:   # 0: start over, so nothing to restore
+    restored = checkpoint.restore_latest(manager, placement.restore_target(abstract_state),
+                                         config_dict, param_shapes, workdir, step=rewind_to)
+  if rewind_to is not None:   # only once the step to rewind to has read back intact
+    rewind.set_aside(workdir, manager, rewind_to, later_steps)
   start_step, elapsed, data_state = 0, 0.0, None
   if restored is not None:
     state, data_state = restored.state, restored.data_state
@@ -122,6 +142,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
     _console(f"Resuming from the checkpoint of step {start_step}.")
   if jax.process_index() == 0:
     metrics_io.truncate_history(os.path.join(workdir, metrics_io.METRICS_FILE), start_step)
+    rewind.truncate_tensorboard(workdir, start_step)
   _write_config(workdir, config_dict)
   if placement.mode == "pmap":
     state = placement.shard_state(state)
@@ -149,19 +170,20 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   progress = metrics_io.Progress(config.num_train_steps, start_step, tokens_per_step, elapsed)
   stop = _StopRequest(manager)
   pending: list[tuple[int, dict]] = []   # (step, device metrics) not read yet
-  pending_diagnostics: list[tuple[int, dict]] = []   # (step, SPEC §7 scalars) not read yet
+  pending_diagnostics: list[tuple[int, dict]] = []   # (step, diagnostics) not read yet
   every = lambda s, n: n > 0 and s % n == 0      # n = 0: never (the last step still counts)
   is_log_step = lambda s: every(s, config.log_every_steps) or s == config.num_train_steps
 
   def read_pending() -> None:
     """Reads the pending metrics: stops on a non-finite one, writes the log steps' rows."""
     values = placement.host_metrics([m for _, m in pending])
+    try:
+      nonfinite.check_finite(zip([s for s, _ in pending], values))
+    except NonFiniteLossError as error:
+      manager.wait_until_finished()   # the kept steps, once any save in flight is complete
+      raise NonFiniteLossError(f"{error} {nonfinite.resume_advice(workdir, manager.all_steps())}"
+                               ) from None
     for (s, _), v in zip(pending, values):
-      if not (math.isfinite(v["loss"]) and math.isfinite(v["grad_norm"])):
-        raise NonFiniteLossError(
-            f"Non-finite loss at step {s} (loss {v['loss']}, grad norm {v['grad_norm']}). "
-            f"The last checkpoint (step {manager.latest_step()}) predates it; lower "
-            f"optimizer.learning_rate or check the data before resuming.")
       if is_log_step(s):
         rates = progress.update(s)
         writer.write_scalars(s, {"loss": v["loss"], "learning_rate": v["learning_rate"],
@@ -221,10 +243,10 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
     iterator_close = getattr(iterator, "close", None)
     if iterator_close is not None:
       iterator_close()
-    stop.close()
     manager.wait_until_finished()
     manager.close()
     writer.close()
+    stop.close()   # last: a SIGTERM during the final save waits for it instead of cutting it
   return state
 
 

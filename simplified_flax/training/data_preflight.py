@@ -1,0 +1,55 @@
+"""A named tensorflow-datasets corpus that is not prepared fails in seconds without network.
+
+tfds would otherwise retry its downloads (and its GCS metadata look-ups) for minutes before
+giving up. `check_tfds_available(config.data)` looks for the prepared dataset on disk
+(`<data_dir>/<name>/<config>/<version>/dataset_info.json`); when it is not there and the
+download host cannot be reached within `NETWORK_TIMEOUT_S`, it raises DataError naming the
+folder and the command that prepares it. With network tfds prepares the dataset as before.
+"""
+import os
+import socket
+
+from etils import epath
+
+from simplified_flax.data.errors import DataError
+
+LOCAL_DATASETS = ("python_code", "text_files")
+DOWNLOAD_HOST = ("storage.googleapis.com", 443)
+NETWORK_TIMEOUT_S = 3.0
+
+
+def _default_data_dir() -> str:
+  return os.environ.get("TFDS_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
+
+
+def is_prepared(name: str, data_dir: str) -> bool:
+  """Whether `<data_dir>/<name>` holds a prepared version (any config, any version)."""
+  base = name.split(":")[0]     # "lm1b", "wiki40b/en", "c4/en:3.1.0"
+  root = epath.Path(data_dir) / base
+  if not root.exists():
+    return False
+  # <name>/<version>/ or <name>/<config>/<version>/ (no `**`: one listing per level on GCS)
+  return any(root.glob("*/dataset_info.json")) or any(root.glob("*/*/dataset_info.json"))
+
+
+def network_reachable(address=DOWNLOAD_HOST, timeout_s: float = NETWORK_TIMEOUT_S) -> bool:
+  try:
+    with socket.create_connection(address, timeout=timeout_s):
+      return True
+  except OSError:
+    return False
+
+
+def check_tfds_available(data_config) -> None:
+  """Raises DataError at once when `data_config.name` is a tfds dataset that is neither
+  prepared under `data_config.tfds_data_dir` nor downloadable (no network)."""
+  name = data_config.name
+  if name in LOCAL_DATASETS:
+    return
+  data_dir = data_config.tfds_data_dir or _default_data_dir()
+  if is_prepared(name, data_dir) or network_reachable():
+    return
+  raise DataError(f"data.name: the dataset '{name}' is not prepared in '{data_dir}' and there "
+                  f"is no network to download it. Prepare it where there is network "
+                  f"(`tfds build {name.split(':')[0]} --data_dir=DIR`) and point "
+                  f"data.tfds_data_dir at DIR.")

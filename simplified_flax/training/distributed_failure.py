@@ -1,0 +1,137 @@
+"""A lost process of a multi-host run ends every other one within seconds, with one line.
+
+Without this, a survivor waits in a collective until JAX's coordination service gives up,
+then aborts with a C++ stack trace. Here every process keeps a heartbeat in the service's
+key-value store (`HEARTBEAT_EVERY_S`); a watchdog thread that sees a peer silent for
+`LOST_AFTER_S` (or the coordinator itself gone) prints one line naming it and exits 1 at
+once, skipping JAX's shutdown barrier, which would only abort. A collective that fails
+first (gloo on CPU reports the closed connection) is explained the same way by `explain`.
+JAX's own heartbeat timeout (`placement.HEARTBEAT_TIMEOUT_S`) stays the backstop.
+
+A process that finished its command marks itself done (`mark_done`), so that the others,
+still saving their last checkpoint, never take it for lost.
+"""
+import os
+import sys
+import threading
+import time
+
+
+HEARTBEAT_EVERY_S = 2.0
+LOST_AFTER_S = 12.0
+_KEY = "simplified_flax/heartbeat/{}"
+_DONE_KEY = "simplified_flax/done/{}"
+# What a collective or the coordination client says when a peer is gone.
+PEER_LOSS_TEXT = ("Connection closed by peer", "Connection reset by peer", "heartbeat timeout",
+                  "Gloo", "UNAVAILABLE", "coordination service")
+
+_exiting = threading.Lock()
+_started = None          # when the watchdog started (None: single-process, or not started)
+_done = threading.Event()
+
+
+class PeerLostError(RuntimeError):
+  """Another process of the multi-host run stopped; this one stops too."""
+
+
+def _client():
+  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  return distributed.global_state.client
+
+
+def _process():
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.process_index(), jax.process_count()
+
+
+def start_watchdog() -> None:
+  """Starts this process's heartbeat and watchdog thread (after jax.distributed.initialize)."""
+  global _started
+  index, count = _process()
+  if count == 1 or _started is not None:
+    return
+  _started = time.time()
+  threading.Thread(target=_watch, args=(index, count), daemon=True,
+                   name="multihost-watchdog").start()
+
+
+def mark_done() -> None:
+  """Tells the other processes that this one finished and is not lost; stops the watchdog
+  (the coordinator going away after the final barrier is no failure)."""
+  _done.set()
+  client = _client()
+  if _started is None or client is None:
+    return
+  try:
+    client.key_value_set(_DONE_KEY.format(_process()[0]), "1", allow_overwrite=True)
+  except Exception:  # pylint: disable=broad-except
+    pass   # the coordinator is already gone: nobody is left to tell
+
+
+def lost_processes(index: int, count: int) -> list[str]:
+  """The peers that look lost now: silent too long, or the coordinator when it is gone."""
+  client = _client()
+  lost, now = [], time.time()
+  for peer in range(count):
+    if peer == index:
+      continue
+    try:
+      if client.key_value_try_get(_DONE_KEY.format(peer)):
+        continue
+    except Exception:  # pylint: disable=broad-except
+      pass   # not done (the key does not exist yet)
+    try:
+      last = float(client.key_value_try_get(_KEY.format(peer)))
+    except Exception as e:  # pylint: disable=broad-except
+      if any(text in str(e) for text in ("UNAVAILABLE", "Connection", "CANCELLED")):
+        return [f"process 0 (the coordinator, {os.environ.get('JAX_COORDINATOR_ADDRESS', '')}"
+                .rstrip(", ") + ")"]
+      last = _started   # no heartbeat yet: count from when this process started watching
+    if now - last > LOST_AFTER_S:
+      lost.append(f"process {peer} (silent for {now - last:.0f} s)")
+  return lost
+
+
+def _watch(index: int, count: int) -> None:
+  client = _client()
+  while not _done.is_set():
+    try:
+      client.key_value_set(_KEY.format(index), repr(time.time()), allow_overwrite=True)
+    except Exception:  # pylint: disable=broad-except
+      pass   # the coordinator is gone: lost_processes names it
+    lost = lost_processes(index, count)
+    if lost and not _done.is_set():
+      stop(PeerLostError(_message(index, count, lost)))
+    _done.wait(HEARTBEAT_EVERY_S)
+
+
+def _message(index: int, count: int, lost: list[str]) -> str:
+  return (f"Lost {', '.join(lost)} of the {count}-process run; process {index} stops too. "
+          f"Restart every process with the same command: the run resumes from the last "
+          f"complete checkpoint.")
+
+
+def explain(error: BaseException) -> PeerLostError | None:
+  """For an error of a multi-host run that a lost peer caused, the PeerLostError naming the
+  peer (waiting up to LOST_AFTER_S for its silence to show); else None."""
+  if _started is None:
+    return None
+  from simplified_flax import cli  # pylint: disable=import-outside-toplevel
+  if not any(any(text in str(e) for text in PEER_LOSS_TEXT) for e in cli.error_chain(error)):
+    return None
+  index, count = _process()
+  deadline = time.time() + LOST_AFTER_S + HEARTBEAT_EVERY_S
+  while time.time() < deadline:
+    lost = lost_processes(index, count)
+    if lost:
+      return PeerLostError(_message(index, count, lost))
+    time.sleep(0.5)
+  return PeerLostError(_message(index, count, ["another process (a collective failed)"]))
+
+
+def stop(error: PeerLostError, program: str = "simplified_flax") -> None:
+  """Prints `error` as one line and ends this process with status 1 at once."""
+  with _exiting:
+    print(f"{program}: error: {error}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)   # pylint: disable=protected-access  (JAX's shutdown barrier would abort)

@@ -1,0 +1,40 @@
+"""The one non-finite-loss check of pre-training and fine-tuning, and the way back it names.
+
+A run stops at the first step whose loss or gradient norm is NaN or infinite, before it
+evaluates or saves past that step. The error names what the user can do next: for
+pre-training, the checkpoint steps still kept and the command that resumes from one of them
+with a lower learning rate (README, "Resuming").
+"""
+import math
+from typing import Iterable, Mapping, Sequence
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The loss or gradient norm of a step was NaN or infinite; the run stopped before saving."""
+
+
+def check_finite(rows: Iterable[tuple[int, Mapping]], *, label: str = "step",
+                 advice: str = "") -> None:
+  """Raises NonFiniteLossError at the first (step, metrics) of `rows` whose "loss" or
+  "grad_norm" is NaN or infinite; `label` names the kind of step, `advice` ends the message."""
+  for step, metrics in rows:
+    loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+      raise NonFiniteLossError(f"Non-finite loss at {label} {step} (loss {loss}, grad norm "
+                               f"{grad_norm}). {advice}".strip())
+
+
+def resume_advice(workdir: str, kept_steps: Sequence[int]) -> str:
+  """What to do after a divergence: the kept checkpoint steps and the command to rewind to
+  one with a lower learning rate (steps after it are set aside, not deleted)."""
+  kept = sorted(kept_steps)
+  if not kept:
+    return (f"No checkpoint is kept in {workdir}: lower --config.optimizer.learning_rate and "
+            f"start over with --config.restore_step=0.")
+  # The last kept step may already carry the blow-up (finite but huge weights): suggest the
+  # one before it when there is one.
+  suggested = kept[-2] if len(kept) > 1 else kept[-1]
+  return (f"Kept checkpoint steps in {workdir}: {kept}. Rewind to one with a lower learning "
+          f"rate: rerun the same train command with --config.restore_step={suggested} "
+          f"--config.optimizer.learning_rate=<lower> (later steps are moved to "
+          f"{workdir}/set_aside/, not deleted).")

@@ -1,0 +1,35 @@
+"""A lost process of a two-process run ends the survivor within 30 s, with one line naming
+it (issue 13, item 5; README, "Errors")."""
+import signal
+import time
+
+import pytest
+
+from test_parallel_multiprocess import _start_two_processes
+from test_train_loop import TINY, log_tail, subprocess_env, wait_for_rows, write_corpus
+
+pytestmark = pytest.mark.slow
+
+
+def test_sigkill_of_process_1_ends_process_0_within_30_s_naming_it(tmp_path):
+  overrides = {**TINY, **write_corpus(tmp_path), "num_train_steps": 100_000,
+               "checkpoint_every_steps": 0}
+  workdir = tmp_path / "multi"
+  procs = _start_two_processes(workdir, overrides, subprocess_env(devices=1))
+  try:
+    wait_for_rows(workdir, procs[0], 3)
+    killed_at = time.time()
+    procs[1].send_signal(signal.SIGKILL)
+    status = procs[0].wait(timeout=60)
+    took = time.time() - killed_at
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  log = log_tail(workdir, 20_000)
+  assert status == 1, log
+  assert took < 30, took
+  lines = [l for l in log.splitlines() if "error:" in l]
+  assert len(lines) == 1, log
+  assert "Lost process 1" in lines[0] and "of the 2-process run" in lines[0], log
+  assert "Traceback" not in log and "Check failure" not in log, log
