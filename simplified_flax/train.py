@@ -19,7 +19,7 @@ from absl import app
 from absl import flags
 
 from simplified_flax import cli
-from simplified_flax.training import placement as parallel
+from simplified_flax.training import distributed
 from simplified_flax.training.loop import NonFiniteLossError, train_and_evaluate
 from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,
                                            diagnostics_step, eval_step, train_step)
@@ -33,8 +33,8 @@ __all__ = ["create_train_state", "train_step", "eval_step", "diagnostics_step",
 # ------------------------------------------------------------------------------------------
 def main(argv) -> None:
   f = cli.start(argv)
-  parallel.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
-                                  auto=f.distributed)
+  distributed.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
+                                     auto=f.distributed)
   train_and_evaluate(f.config, f.workdir, tensorboard=f.tensorboard)
 
 
@@ -46,5 +46,5 @@ if __name__ == "__main__":
                       required=True)
   flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard event files.")
   flags.mark_flags_as_required(["config"])
-  parallel.define_distributed_flags()
+  distributed.define_distributed_flags()
   app.run(main)
