@@ -99,8 +99,8 @@ def test_the_head_reads_what_the_mlm_head_reads():
   encoder = build_model(config.model)
   tokens_BT = jax.random.randint(jax.random.PRNGKey(1), (2, T), 3, TOK.vocab_size)
   variables = jax.jit(encoder.init)(jax.random.PRNGKey(0), tokens_BT)
-  logits_BTV, x_BTD = jax.jit(lambda v: (encoder.apply(v, tokens_BT), classifier.final_norm_output(
-      lambda: encoder.apply(v, tokens_BT))))(variables)
+  logits_BTV, x_BTD = jax.jit(lambda v: (encoder.apply(v, tokens_BT),
+                                         encoder.apply(v, tokens_BT, return_hidden=True)))(variables)
   wte_VD = variables["params"]["wte"]["embedding"]
   np.testing.assert_allclose(jnp.einsum("btd,vd->btv", x_BTD, wte_VD), logits_BTV,
                              rtol=1e-5, atol=1e-5)

@@ -1,4 +1,5 @@
-"""Decoder LM and encoder MLM models (SPEC §4): embeddings, L blocks, final LayerNorm, tied head.
+"""Decoder LM and encoder MLM models (docs/model.md, "The model"): embeddings, L blocks, final
+LayerNorm, tied head.
 
     model = build_model(config.model, dtype="bfloat16")
     variables = model.init(jax.random.key(0), tokens_BT)      # {"params", "constants"}
@@ -48,9 +49,11 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False,
-               decode: bool = False, lengths=None):
+               decode: bool = False, lengths=None, return_hidden: bool = False):
     """`lengths` [B] (decode only): how many leading tokens of each row are real (default T);
-    the cache index of row b advances by lengths[b]."""
+    the cache index of row b advances by lengths[b]. `return_hidden`: return the final
+    LayerNorm's output [B, T, D] (what the tied head reads) instead of the logits, e.g. for a
+    task head (glue/classifier.py); the parameters are the same either way."""
     m = self.cfg
     B, T = tokens_BT.shape
     if T > m.max_position_embeddings:
@@ -81,6 +84,8 @@ class Transformer(nn.Module):
       self.sow("intermediates", "hidden", x_BTD)
 
     x_BTD = nn.LayerNorm(epsilon=m.norm_eps, dtype=self.dtype, name="ln_f")(x_BTD)
+    if return_hidden:
+      return x_BTD
     # Tied head; float32 logits for a stable softmax cross-entropy.
     return jnp.einsum("btd,vd->btv", x_BTD, wte.embedding.astype(self.dtype),
                       preferred_element_type=jnp.float32)

@@ -14,15 +14,15 @@ import signal
 import threading
 
 import jax
-import numpy as np
 
 from simplified_flax.training import checkpoints as checkpoint
 from simplified_flax.training import metrics_io
 from simplified_flax.training import placement as parallel
 from simplified_flax.training.evaluation import CONFIG_FILE, run_eval
+from simplified_flax.model.parameters import parameter_shapes, size
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,
-                                        diagnostics_step, eval_step, param_shapes, train_step)
+                                        diagnostics_step, eval_step, train_step)
 
 __all__ = ["create_train_state", "train_step", "eval_step", "diagnostics_step",
            "train_and_evaluate", "TrainState", "StepSpec", "NonFiniteLossError"]
@@ -99,7 +99,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   placement.check_batch_size()
   state = create_train_state(config, jax.random.PRNGKey(config.seed), mesh=placement.mesh,
                              model=model)
-  _console(f"Model: {_num_params(state.params):,} parameters on {jax.device_count()} devices "
+  _console(f"Model: {size(state.params):,} parameters on {jax.device_count()} devices "
            f"({f'mesh {dict(placement.mesh.shape)}' if placement.mesh else 'pmap'}).")
 
   # ----------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   manager = checkpoint.make_manager(workdir, config.max_to_keep, config.checkpoint_every_steps)
   abstract_state = jax.eval_shape(lambda s: s, state)
   restored = checkpoint.restore_latest(manager, placement.restore_target(abstract_state),
-                                       config_dict, param_shapes, workdir)
+                                       config_dict, parameter_shapes, workdir)
   start_step, elapsed, data_state = 0, 0.0, None
   if restored is not None:
     state, data_state = restored.state, restored.data_state
@@ -232,6 +232,3 @@ def _diagnostics_step(config, model):
   return functools.partial(diagnostics_step,
                            apply_fn=build_model(explicit, dtype=config.dtype).apply)
 
-
-def _num_params(params) -> int:
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))

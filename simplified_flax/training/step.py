@@ -172,14 +172,3 @@ def diagnostics_step(state: TrainState, batch: dict, axis_name: str | None = Non
                         segment_ids=batch.get("segment_ids"), key_mask=batch.get("key_mask"),
                         train=False, mutable=["intermediates"])
   return diagnostics.collect(mutated["intermediates"], state.params)
-
-
-def param_shapes(config_dict: dict) -> dict[str, tuple[int, ...]]:
-  """{parameter path: shape} of the model a config dict describes (shape-only, no compute)."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
-  model_cfg = ml_collections.ConfigDict(config_dict["model"])
-  model = build_model(model_cfg, dtype=config_dict.get("dtype", "float32"))
-  tokens_BT = jnp.zeros((1, model_cfg.context_length), jnp.int32)
-  variables = jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0)}, tokens_BT))
-  return {jax.tree_util.keystr(p): tuple(x.shape)
-          for p, x in jax.tree_util.tree_leaves_with_path(variables["params"])}
