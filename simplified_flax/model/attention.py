@@ -63,7 +63,7 @@ def centering_matrix_from_mask(mask) -> jax.Array:
 
 
 def causal_centering_matrix(length: int, *, query_offset: int = 0, num_queries=None):
-  """[Q, T]: C[i, j] = 1 / (p + 1) for j <= p, where p = query_offset + i is the absolute position."""
+  """[Q, T]: C[i, j] = 1 / (p + 1) for j <= p, p = query_offset + i the absolute position."""
   num_queries = length if num_queries is None else num_queries
   mask = attention_mask(num_queries, length, causal=True, query_offset=query_offset)
   return centering_matrix_from_mask(mask)[0, 0]
@@ -131,8 +131,9 @@ def _explicit(q, k, v, *, mask, resid_gain, skip_gain, centre_gain, query_offset
   shape = (_fast_shape_attention_matrix if grad_rules.enabled(grad_rules_mode)
            else shape_attention_matrix)
   shaped_BHQK, probs_BHQK = shape(
-      logits_BHQK, head_vector(resid_gain), head_vector(skip_gain), head_vector(centre_gain),
-      eye_QK[..., None, :, :].astype(jnp.float32), centering_matrix_from_mask(mask))
+      logits_BHQK=logits_BHQK, resid_H=head_vector(resid_gain), skip_H=head_vector(skip_gain),
+      centre_H=head_vector(centre_gain), eye_QK=eye_QK[..., None, :, :].astype(jnp.float32),
+      centre_QK=centering_matrix_from_mask(mask))
   out_BQHd = jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v)
   return out_BQHd, probs_BHQK
 

@@ -74,7 +74,8 @@ class AttentionSubBlock(nn.Module):
                                      lengths_B=lengths)
     else:
       result = attention.shaped_attention(
-          q_BTHd, k_BTHd, v_BTHd, **gains, causal=self.causal, key_mask=key_mask, segment_ids=segment_ids,
+          q_BTHd, k_BTHd, v_BTHd, **gains, causal=self.causal, key_mask=key_mask,
+          segment_ids=segment_ids,
           impl=m.attention_impl, logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None,
           return_probs=m.attention_impl == "explicit", grad_rules_mode=grad_rules.mode_of(m))
       if m.attention_impl == "explicit":
@@ -97,7 +98,8 @@ class AttentionSubBlock(nn.Module):
              for name in kv_cache.cache_names(m.attention_impl, gains["centre_gain"] is not None)}
     out_BTHd, new = kv_cache.cached_shaped_attention(
         q_BTHd, k_BTHd, v_BTHd, {name: var.value for name, var in cache.items()}, index_B,
-        lengths_B, **gains, impl=m.attention_impl, logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
+        lengths_B, **gains, impl=m.attention_impl,
+        logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
     if not self.is_initializing():
       for name, var in cache.items():
         var.value = new[name]

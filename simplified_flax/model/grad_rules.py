@@ -7,10 +7,10 @@ products instead of strided loops:
 * `dense`: `x @ kernel`, with the kernel gradient as `(dy^T x)^T` rather than `x^T dy`. XLA:CPU
   lowers the latter, with the MLP's [tokens, 4D] activations, as a slow transposing loop
   (about a fifth of a Pre-LN step at D=768).
-* `fast_gain_gradients(shape)`: the shaped attention matrix `resid*A + skip*I - centre*C` with
-  each per-head gain's tangent broadcast over (B, Tq) first and over Tk last, so that in
-  reverse mode every gain gradient is a row sum before the (B, Tq) sum. Autodiff's single
-  reduction over (B, Tq, Tk) of a [B, H, Tq, Tk] product is a strided loop on XLA:CPU costing
+* `fast_gain_gradients(shape)`: the shaped attention matrix `alpha*I + beta*A - gamma*C` with
+  each per-head gain's tangent broadcast over (B, Q) first and over K last, so that in
+  reverse mode every gain gradient is a row sum before the (B, Q) sum. Autodiff's single
+  reduction over (B, Q, K) of a [B, H, Q, K] product is a strided loop on XLA:CPU costing
   a few percent of a SAS step.
 
 `model.grad_rules` ("auto", "on", "off") decides: "auto" uses them on the CPU backend only,
@@ -77,7 +77,7 @@ def _per_head(gain_H):
 
 
 def _per_row(gain_H, like_BHQK):
-  """A per-head [H] tangent broadcast to [B, H, Tq, 1] (then over keys by the product)."""
+  """A per-head [H] tangent broadcast to [B, H, Q, 1] (then over keys by the product)."""
   B, H, Q, _ = like_BHQK.shape
   return jnp.broadcast_to(gain_H[None, :, None], (B, H, Q))[..., None]
 
@@ -86,13 +86,13 @@ def fast_gain_gradients(shape: Callable) -> Callable:
   """`shape` with the gain-gradient rule of the module docstring; same values.
 
   `shape(logits, resid_H, skip_H, centre_H, eye_QK, centre_QK) -> (shaped, probs)` computes
-  `shaped = resid * softmax(logits) + skip * I - centre * C` per head ([B, H, Tq, Tk]; a None
+  `shaped = resid * softmax(logits) + skip * I - centre * C` per head ([B, H, Q, K]; a None
   gain omits its term) and `probs = softmax(logits)`. `eye_QK` and `centre_QK` come from the
   mask and are constants: their tangents are ignored.
   """
   @jax.custom_jvp
-  def fast_shape(logits, resid_H, skip_H, centre_H, eye_QK, centre_QK):
-    return shape(logits, resid_H, skip_H, centre_H, eye_QK, centre_QK)
+  def fast_shape(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK):
+    return shape(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK)
 
   def jvp(primals, tangents):
     logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK = primals

@@ -1,4 +1,5 @@
-"""Shaped attention against a key/value cache, for incremental decoding (SPEC §2.1, §8).
+"""Shaped attention against a key/value cache, for incremental decoding (docs/model.md,
+"The centering matrix C" and "The fused form").
 
 Layout: row b of a cache holds its own sequence at its absolute positions, slots
 0 .. index[b]-1; a chunk of Tq new tokens is written at index[b] .. index[b]+Tq-1, and only

@@ -68,7 +68,8 @@ class Transformer(nn.Module):
                    embedding_init=layers.normal_init(layers.PLAIN_STD))
     cache_index_B = None
     if decode:
-      cache_index_B, lengths = self._advance_cache(B, T, lengths, segment_ids, key_mask, train)
+      cache_index_B, lengths = self._advance_cache(
+          B, T, lengths=lengths, segment_ids=segment_ids, key_mask=key_mask, train=train)
       positions_BT = attention.query_positions(T, cache_index_B)
     elif segment_ids is None:
       positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
@@ -90,7 +91,7 @@ class Transformer(nn.Module):
     return jnp.einsum("btd,vd->btv", x_BTD, wte.embedding.astype(self.dtype),
                       preferred_element_type=jnp.float32)
 
-  def _advance_cache(self, B, T, lengths, segment_ids, key_mask, train):
+  def _advance_cache(self, B, T, *, lengths, segment_ids, key_mask, train):
     """(cache index [B] where this chunk starts, lengths [B]); moves the index past the chunk."""
     if not self.causal or segment_ids is not None or key_mask is not None or train:
       raise ValueError("decode=True is for the causal decoder at inference: no segment_ids, "

@@ -140,10 +140,11 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   # device only to log, evaluate or checkpoint.
   # ----------------------------------------------------------------------------------------
   writer = metrics_io.make_writer(workdir, tensorboard)
-  progress = metrics_io.Progress(config.num_train_steps, start_step, tokens_per_step, elapsed)
+  progress = metrics_io.Progress(total_steps=config.num_train_steps, start_step=start_step,
+                                 tokens_per_step=tokens_per_step, elapsed_before=elapsed)
   stop = _StopRequest(manager)
   pending: list[tuple[int, dict]] = []   # (step, device metrics) not read yet
-  pending_diagnostics: list[tuple[int, dict]] = []   # (step, SPEC §7 scalars) not read yet
+  pending_diagnostics: list[tuple[int, dict]] = []   # (step, diagnostics scalars) not read yet
   every = lambda s, n: n > 0 and s % n == 0      # n = 0: never (the last step still counts)
   is_log_step = lambda s: every(s, config.log_every_steps) or s == config.num_train_steps
 
