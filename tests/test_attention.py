@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from simplified_flax.model import attention
+from simplified_flax.model import masks
 
 B, T, H, DH = 2, 9, 3, 4
 KEY_MASK = jnp.array([[1] * 6 + [0] * 3, [1] * 9], bool)           # row 0 right-padded
@@ -163,8 +164,8 @@ def test_explicit_gradients_equal_autodiff_of_the_formula_including_probs(name):
   reads the returned softmax (as diagnostics or an attention-entropy penalty would)."""
   case = CASES[name]
   q, k, v = qkv()
-  mask = attention.attention_mask(T, T, causal=case["causal"], key_mask=case.get("key_mask"),
-                                  segment_ids=case.get("segment_ids"))
+  mask = masks.attention_mask(T, T, causal=case["causal"], key_mask=case.get("key_mask"),
+                              segment_ids=case.get("segment_ids"))
 
   def read_out(out, probs):
     return jnp.sum(jnp.sin(out)) + jnp.sum(jnp.cos(3.0 * probs))

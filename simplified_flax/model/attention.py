@@ -1,26 +1,16 @@
-"""Shaped attention (He & Hofmann 2024, Sec. 4.1) as pure functions.
+"""Shaped attention (He & Hofmann 2024, Sec. 4.1; docs/model.md, "Attention") as pure functions:
 
-Shaped attention replaces the attention matrix A = softmax(q k^T / sqrt(d) + mask) by
+    A' = alpha * I + beta * A - gamma * C,       A = softmax(q k^T / sqrt(d) + mask),
 
-    A' = alpha * I + beta * A - gamma * C                        (docs/model.md, "Attention")
-
-with per-head gains alpha = `skip_gain` (on I), beta = `resid_gain` (on A) and gamma =
-`centre_gain` (on C). C is the value A takes when every logit is zero: each row spreads its
-mass evenly over the keys that row may see, so C is the row-normalised attention mask,
-whatever the mask is (causal, padded, packed, offset queries), and it is derived that way.
-
-Two exact forms:
+with per-head gains alpha = `skip_gain` (on I), beta = `resid_gain` (on A), gamma =
+`centre_gain` (on C). C is the value A takes when every logit is zero, i.e. the row-normalised
+mask, whatever the mask is (causal, padded, packed, offset queries: masks.py). Two exact forms:
   * `impl="explicit"` forms A' as a [B, H, Q, K] matrix (and can return A for diagnostics);
-  * `impl="fused"` never forms C: `A' v = beta * (A v) + alpha * v_self - gamma * (C v)`, with
+  * `impl="fused"` never forms C: `A' v = beta * (A v) + alpha * v - gamma * (C v)`, with
     `A v` from `jax.nn.dot_product_attention` and `C v` a (segment-wise) cumulative mean
-    (causal) or masked mean (bidirectional), O(T * D) (docs/model.md, "The fused form").
-
-Layout: q [B, Q, H, d], k and v [B, K, H, d] (that of `jax.nn.dot_product_attention`);
-per-head gains [H]. Queries sit at absolute positions `query_offset .. query_offset + Q - 1`
-of the key sequence (Q == K and offset 0 in training); a [B] offset gives each row its own
-(a KV cache whose rows hold sequences of different lengths). Packed `segment_ids` must be
-contiguous runs (as sequence packing produces); they index the key sequence, [B, K].
-The speed-only gradient rule of the explicit form lives in grad_rules.py.
+    (causal) or masked mean (bidirectional), O(T * D).
+Layout: q [B, Q, H, d], k and v [B, K, H, d] (that of `jax.nn.dot_product_attention`), gains
+[H]. The speed-only gradient rule of the explicit form lives in grad_rules.py.
 """
 from typing import Literal
 
@@ -28,33 +18,13 @@ import jax
 import jax.numpy as jnp
 
 from simplified_flax.model import grad_rules
+from simplified_flax.model import masks
 
 Impl = Literal["explicit", "fused"]
 IMPLS = ("explicit", "fused")
 
 
-# ----------------------------------------------------------------------------- masks and C
-
-def query_positions(num_queries: int, query_offset=0) -> jax.Array:
-  """Absolute position of each query in the key sequence: [Q], or [B, Q] for a [B] offset."""
-  return jnp.arange(num_queries) + jnp.asarray(query_offset)[..., None]
-
-
-def attention_mask(num_queries: int, num_keys: int, *, causal: bool, query_offset=0,
-                   key_mask=None, segment_ids=None) -> jax.Array:
-  """Boolean [B or 1, 1, Q, K]: True where query i may attend to key j."""
-  k_pos = jnp.arange(num_keys)
-  mask_BHQK = jnp.ones((1, 1, num_queries, num_keys), bool)
-  if causal:
-    causal_QK = k_pos <= query_positions(num_queries, query_offset)[..., None]   # or [B, Q, K]
-    mask_BHQK = mask_BHQK & causal_QK[..., None, :, :]
-  if key_mask is not None:
-    mask_BHQK = mask_BHQK & key_mask[:, None, None, :]
-  if segment_ids is not None:
-    q_seg_BQ = _take_queries(segment_ids, num_queries, query_offset)
-    mask_BHQK = mask_BHQK & (q_seg_BQ[:, None, :, None] == segment_ids[:, None, None, :])
-  return mask_BHQK
-
+# ------------------------------------------------------------------------ centering matrices
 
 def centering_matrix_from_mask(mask) -> jax.Array:
   """C = the mask with each row normalised to sum 1 (rows with no visible key are 0)."""
@@ -65,31 +35,26 @@ def centering_matrix_from_mask(mask) -> jax.Array:
 def causal_centering_matrix(length: int, *, query_offset: int = 0, num_queries=None):
   """[Q, T]: C[i, j] = 1 / (p + 1) for j <= p, p = query_offset + i the absolute position."""
   num_queries = length if num_queries is None else num_queries
-  mask = attention_mask(num_queries, length, causal=True, query_offset=query_offset)
+  mask = masks.attention_mask(num_queries, length, causal=True, query_offset=query_offset)
   return centering_matrix_from_mask(mask)[0, 0]
 
 
 def bidirectional_centering_matrix(key_mask_BT) -> jax.Array:
   """[B, T, T]: every row is 1/n on the n real (non-padding) keys of its sequence."""
   T = key_mask_BT.shape[1]
-  return centering_matrix_from_mask(attention_mask(T, T, causal=False, key_mask=key_mask_BT))[:, 0]
+  mask = masks.attention_mask(T, T, causal=False, key_mask=key_mask_BT)
+  return centering_matrix_from_mask(mask)[:, 0]
 
 
 def packed_centering_matrix(segment_ids_BT, *, causal: bool, key_mask_BT=None) -> jax.Array:
   """[B, T, T]: block diagonal, each block the causal or bidirectional C of its own segment."""
   T = segment_ids_BT.shape[1]
-  mask = attention_mask(T, T, causal=causal, key_mask=key_mask_BT, segment_ids=segment_ids_BT)
+  mask = masks.attention_mask(T, T, causal=causal, key_mask=key_mask_BT,
+                              segment_ids=segment_ids_BT)
   return centering_matrix_from_mask(mask)[:, 0]
 
 
 # ------------------------------------------------------------------------------ explicit
-
-def _take_queries(x_BK_, num_queries: int, query_offset):
-  """Rows of x [B, K, ...] at the query positions, [B, Q, ...]."""
-  if jnp.ndim(query_offset) == 0:
-    return jax.lax.dynamic_slice_in_dim(x_BK_, query_offset, num_queries, axis=1)
-  return _gather_time(x_BK_, query_positions(num_queries, query_offset))   # one offset per row
-
 
 def attention_logits(q_BQHd, k_BKHd, *, logit_soft_cap=None) -> jax.Array:
   """float32 [B, H, Q, K] = q k^T / sqrt(d), optionally soft-capped cap*tanh(x/cap)."""
@@ -125,7 +90,7 @@ def _explicit(q, k, v, *, mask, resid_gain, skip_gain, centre_gain, query_offset
   logits_BHQK = attention_logits(q, k, logit_soft_cap=logit_soft_cap)
   logits_BHQK = jnp.where(mask, logits_BHQK, jnp.finfo(jnp.float32).min)
   Tq, Tk, H = q.shape[1], k.shape[1], q.shape[2]
-  eye_QK = jnp.arange(Tk) == query_positions(Tq, query_offset)[..., None]   # or [B, Q, K]
+  eye_QK = jnp.arange(Tk) == masks.query_positions(Tq, query_offset)[..., None]   # or [B, Q, K]
   head_vector = lambda g: None if g is None else jnp.broadcast_to(
       jnp.asarray(g, jnp.float32).reshape(-1), (H,))
   shape = (_fast_shape_attention_matrix if grad_rules.enabled(grad_rules_mode)
@@ -140,22 +105,6 @@ def _explicit(q, k, v, *, mask, resid_gain, skip_gain, centre_gain, query_offset
 
 # ------------------------------------------------------------------------------- fused
 
-def segment_run_starts(segment_ids_BT):
-  """Index of the first position of each position's contiguous segment run, [B, T]."""
-  T = segment_ids_BT.shape[1]
-  pos = jnp.arange(T)
-  new_run = jnp.concatenate(
-      [jnp.ones_like(segment_ids_BT[:, :1], bool), segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]],
-      axis=1)
-  return jax.lax.cummax(jnp.where(new_run, pos, 0), axis=1)
-
-
-def _gather_time(x_BT_, index_BT):
-  """x[b, index[b, t], ...] for every (b, t)."""
-  index = index_BT.reshape(index_BT.shape + (1,) * (x_BT_.ndim - 2))
-  return jnp.take_along_axis(x_BT_, index, axis=1)
-
-
 def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, key_mask=None,
                    segment_ids=None) -> jax.Array:
   """C v without forming C: [B, Q, H, d], computed in float32 in O(T * H * d)."""
@@ -167,9 +116,9 @@ def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, ke
     count_BT = jnp.cumsum(valid_BT, axis=1)
     if segment_ids is not None:
       # Sum over the run so far = inclusive prefix at t - exclusive prefix at the run's start.
-      starts_BT = segment_run_starts(segment_ids)
-      sum_BKHd = sum_BKHd - _gather_time(sum_BKHd - v_BKHd, starts_BT)
-      count_BT = count_BT - _gather_time(count_BT - valid_BT, starts_BT)
+      starts_BT = masks.segment_run_starts(segment_ids)
+      sum_BKHd = sum_BKHd - masks.gather_time(sum_BKHd - v_BKHd, starts_BT)
+      count_BT = count_BT - masks.gather_time(count_BT - valid_BT, starts_BT)
   else:
     seg_BT = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_ids
     flat_ids = (jnp.arange(B)[:, None] * T + seg_BT).reshape(-1)   # one bucket per (row, segment)
@@ -178,7 +127,7 @@ def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, ke
     sum_BKHd = sums[flat_ids].reshape(v_BKHd.shape)
     count_BT = counts[flat_ids].reshape(B, T)
   mean_BKHd = sum_BKHd / jnp.maximum(count_BT, 1.0)[:, :, None, None]
-  return _take_queries(mean_BKHd, num_queries, query_offset)
+  return masks.take_queries(mean_BKHd, num_queries, query_offset)
 
 
 def _fused(q, k, v, *, causal, key_mask, segment_ids, query_offset, resid_gain, skip_gain,
@@ -188,13 +137,14 @@ def _fused(q, k, v, *, causal, key_mask, segment_ids, query_offset, resid_gain, 
                    and jnp.ndim(query_offset) == 0)
   mask = None
   if not simple_causal and (causal or key_mask is not None or segment_ids is not None):
-    mask = attention_mask(Tq, Tk, causal=causal, query_offset=query_offset, key_mask=key_mask,
-                          segment_ids=segment_ids)
+    mask = masks.attention_mask(Tq, Tk, causal=causal, query_offset=query_offset,
+                                key_mask=key_mask, segment_ids=segment_ids)
   attended_BQHd = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=simple_causal)
   gain = lambda g: jnp.asarray(g, jnp.float32).reshape(-1, 1)   # [H] -> broadcast over [.., H, d]
   out_BQHd = gain(resid_gain) * attended_BQHd.astype(jnp.float32)
   if skip_gain is not None:
-    out_BQHd = out_BQHd + gain(skip_gain) * _take_queries(v, Tq, query_offset).astype(jnp.float32)
+    v_self_BQHd = masks.take_queries(v, Tq, query_offset)   # what the identity term picks
+    out_BQHd = out_BQHd + gain(skip_gain) * v_self_BQHd.astype(jnp.float32)
   if centre_gain is not None:
     out_BQHd = out_BQHd - gain(centre_gain) * centred_values(
         v, causal=causal, num_queries=Tq, query_offset=query_offset, key_mask=key_mask,
@@ -216,8 +166,9 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
   gradients whatever `grad_rules_mode` ("auto", "on", "off"; see grad_rules.py).
   """
   if impl == "explicit":
-    mask = attention_mask(q.shape[1], k.shape[1], causal=causal, query_offset=query_offset,
-                          key_mask=key_mask, segment_ids=segment_ids)
+    mask = masks.attention_mask(q.shape[1], k.shape[1], causal=causal,
+                                query_offset=query_offset, key_mask=key_mask,
+                                segment_ids=segment_ids)
     out, probs = _explicit(q, k, v, mask=mask, resid_gain=resid_gain, skip_gain=skip_gain,
                            centre_gain=centre_gain, query_offset=query_offset,
                            logit_soft_cap=logit_soft_cap, grad_rules_mode=grad_rules_mode)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from simplified_flax.model import attention
+from simplified_flax.model import masks
 
 Cache = Dict[str, jax.Array]
 
@@ -43,7 +44,7 @@ def cache_shape(batch: int, length: int, num_heads: int, head_dim: int) -> Tuple
 def write(cache_BHKd, new_BQHd, index_B) -> jax.Array:
   """The cache with row b's `new` written at time slots index[b] .. index[b]+Tq-1."""
   B, Tq = new_BQHd.shape[:2]
-  rows_BQ, slots_BQ = jnp.arange(B)[:, None], attention.query_positions(Tq, index_B)
+  rows_BQ, slots_BQ = jnp.arange(B)[:, None], masks.query_positions(Tq, index_B)
   return cache_BHKd.at[rows_BQ, :, slots_BQ].set(new_BQHd.astype(cache_BHKd.dtype),
                                                   mode="drop")
 
@@ -56,7 +57,7 @@ def running_centred_values(sum_BHd, v_BQHd, index_B, lengths_B):
   Tq = v_BQHd.shape[1]
   v_BQHd = v_BQHd.astype(jnp.float32)
   inclusive_BQHd = sum_BHd[:, None] + jnp.cumsum(v_BQHd, axis=1)
-  count_BQ = attention.query_positions(Tq, index_B) + 1   # the query at p averages p+1 values
+  count_BQ = masks.query_positions(Tq, index_B) + 1   # the query at p averages p+1 values
   mean_BQHd = inclusive_BQHd / count_BQ[:, :, None, None].astype(jnp.float32)
   real_BQ = jnp.arange(Tq) < lengths_B[:, None]
   new_sum_BHd = sum_BHd + jnp.sum(jnp.where(real_BQ[:, :, None, None], v_BQHd, 0.0), axis=1)

@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from simplified_flax.model import attention
 from simplified_flax.model import block
 from simplified_flax.model import layers
+from simplified_flax.model import masks
 from simplified_flax.model import valproj
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -35,7 +35,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 
 def segment_positions(segment_ids_BT) -> jax.Array:
   """Position of each token inside its own (contiguous) segment, [B, T]."""
-  return jnp.arange(segment_ids_BT.shape[1]) - attention.segment_run_starts(segment_ids_BT)
+  return jnp.arange(segment_ids_BT.shape[1]) - masks.segment_run_starts(segment_ids_BT)
 
 
 class Transformer(nn.Module):
@@ -70,7 +70,7 @@ class Transformer(nn.Module):
     if decode:
       cache_index_B, lengths = self._advance_cache(
           B, T, lengths=lengths, segment_ids=segment_ids, key_mask=key_mask, train=train)
-      positions_BT = attention.query_positions(T, cache_index_B)
+      positions_BT = masks.query_positions(T, cache_index_B)
     elif segment_ids is None:
       positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
     else:
