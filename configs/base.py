@@ -1,4 +1,4 @@
-"""Base config: the Pre-LN decoder at the paper's shape, with every knob of SPEC.md.
+"""Base config: the Pre-LN decoder at the paper's shape, with every knob of docs/model.md.
 
 Variant files (`configs/<variant>.py`) start from `get_config` here and change only what
 their block changes; they never copy numbers that are linked (see `get_ref` below).
@@ -27,7 +27,7 @@ def _follow(parent: ml_collections.ConfigDict, name: str, kind):
 
 
 def model_config() -> ml_collections.ConfigDict:
-  """Every block/model knob of SPEC.md with the Pre-LN defaults."""
+  """Every block/model knob (docs/model.md, "Knobs") with the Pre-LN defaults."""
   m = ml_collections.ConfigDict()
   m.kind = "decoder"                 # "decoder" (causal LM) or "encoder" (bidirectional MLM)
   m.vocab_size = _placeholder(int)   # None: taken from the tokenizer of config.data
@@ -40,8 +40,9 @@ def model_config() -> ml_collections.ConfigDict:
   m.activation = "leaky_relu"        # "leaky_relu" or "gelu"
   m.lrelu_neg_slope = 0.0            # 0 makes leaky ReLU a ReLU (the paper's default)
   m.attention_impl = "explicit"      # "explicit" (T x T centering matrix) or "fused"
+  m.grad_rules = "auto"              # speed-only gradient rules: "auto" (CPU only), "on", "off"
 
-  # Norms (SPEC §1).
+  # Norms (docs/model.md, "The block").
   m.norm_type = "rmsnorm"            # "ln", "rmsnorm" or "none"
   m.norm_position = "pre"            # "pre" or "post"
   m.norm_eps = 1e-5
@@ -57,14 +58,15 @@ def model_config() -> ml_collections.ConfigDict:
   m.trainable_attn_block_gains = False
   m.trainable_mlp_block_gains = False
 
-  # Attention-matrix gains (per head) and shaped attention (SPEC §2).
+  # Shaped attention alpha*I + beta*A - gamma*C (paper Sec. 4.1): alpha = attn_mat_skip_gain,
+  # beta = attn_mat_resid_gain, gamma = centre_attn_gain, all per head.
   m.centre_attn = False
   m.attn_mat_resid_gain = 1.0
   m.attn_mat_skip_gain = 0.0
   m.centre_attn_gain = _follow(m, "attn_mat_resid_gain", float)
   m.trainable_attn_mat_gains = False
 
-  # Value / output projections (SPEC §2.2). skip gain None -> plain linear.
+  # Value / output projections (docs/model.md, "Value and Proj"). skip gain None -> plain linear.
   m.value_resid_gain = 1.0
   m.value_skip_gain = _placeholder(float)
   m.val_init_type = "normal"         # "normal", "orth" or "id"
@@ -149,7 +151,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.keep_every_steps = 0             # ... every step divisible by K (0: none); README "Resuming"
   c.restore_step = _placeholder(int)  # None: the latest good step; N: rewind to N; 0: start over
   c.dtype = "float32"                # compute dtype: "float32" or "bfloat16"
-  c.diagnostics_every = 0            # 0: never compute the SPEC §7 diagnostics
+  c.diagnostics_every = 0            # 0: never compute the signal-propagation diagnostics
   c.model = model_config()
   c.optimizer = optimizer_config()
   c.data = data_config()
@@ -165,7 +167,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
 
 def _make_encoder(c: ml_collections.ConfigDict) -> None:
-  """Crammed-BERT setting of SPEC §6."""
+  """Crammed-BERT setting of the paper's Sec. 5 (docs/model.md, "Training settings")."""
   c.model.kind = "encoder"
   c.model.n_layer = 16
   c.data.mlm_rate = 0.25

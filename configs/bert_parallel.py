@@ -1,7 +1,7 @@
 """Crammed-BERT encoder with Parallel (GPT-J) blocks: one norm feeds attention and MLP.
 
 Bidirectional attention with a padding mask, MLM objective (masking rate 0.25), 16 layers,
-D=768, AdamW betas (0.9, 0.98), eps 1e-12, clipping 0.5, peak lr 3e-3 (SPEC §6).
+D=768, AdamW betas (0.9, 0.98), eps 1e-12, clipping 0.5, peak lr 3e-3 (paper Sec. 5).
 
 Pretrain (CPU-sized, about 10 minutes on 2 cores):
     python -m simplified_flax.train --config=configs/bert_parallel.py:cpu --workdir=/tmp/bert_parallel

@@ -3,7 +3,7 @@ and the final LayerNorm remain).
 
 Bidirectional attention with a padding mask, MLM objective (masking rate 0.25), 16 layers,
 D=768, AdamW betas (0.9, 0.98), eps 1e-12, clipping 0.5; peak lr 2e-3, the paper's value
-without norms (3e-3 for the normed encoders) (SPEC §6).
+without norms (3e-3 for the normed encoders) (paper Sec. 5; docs/model.md, "Training settings").
 
 Pretrain (CPU-sized, about 10 minutes on 2 cores):
     python -m simplified_flax.train --config=configs/bert_sas_p_nonorm.py:cpu --workdir=/tmp/bert_nonorm

@@ -7,7 +7,8 @@ Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator h
     python -m simplified_flax.train --config=configs/sas.py --workdir=/tmp/sas
 
 Expected: matches Pre-LN per step (paper Fig. 2), ~15% fewer parameters, throughput 1.09x Pre-LN.
-Trainable parameters at the paper's shape with a 50K vocabulary: 146,002,130.
+Trainable parameters at the paper's shape with a 50K vocabulary: 146,002,112 (the authors' code
+counts 146,002,130: README, "Parameter counts", explains the 18).
 """
 from configs import base
 

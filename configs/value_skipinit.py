@@ -7,7 +7,8 @@ Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator h
     python -m simplified_flax.train --config=configs/value_skipinit.py --workdir=/tmp/value_skipinit
 
 Expected: throughput 0.95x Pre-LN (paper Table 1); slightly behind SAS per step.
-Trainable parameters at the paper's shape with a 50K vocabulary: 166,645,968.
+Trainable parameters at the paper's shape with a 50K vocabulary: 166,645,950 (the authors' code
+counts 18 more: README, "Parameter counts").
 """
 from configs import sas
 

@@ -43,7 +43,8 @@ SCALES = {
               "seeds": {"preln": (0, 1), "sas_p": (0, 1)}, "long": VARIANTS,
               "log_every": 50, "eval_every": 1_000, "eval_steps": 20},
 }
-# SPEC §6: the paper's figures at 18 layers, D=768, 40K steps (CodeParrot, GPT-2 vocabulary).
+# The paper's figures at 18 layers, D=768, 40K steps (CodeParrot, GPT-2 vocabulary; docs/model.md,
+# "Training settings").
 PAPER = {"eval_loss": {"preln": 1.155, "sas_p_nonorm": 1.245},
          "throughput": {"preln": 1.0, "parallel": 1.05, "value_skipinit": 0.95, "sas": 1.09,
                         "sas_p": 1.16, "sas_p_nonorm": 1.20}}
@@ -252,7 +253,7 @@ def report(results, scale, budgets, command, missing, output) -> str:
       "At 18 layers, D=768, 40K steps on CodeParrot the paper reports Pre-LN eval loss ~1.155 "
       "and SAS-P without norm ~1.245, with SAS matching Pre-LN per step, and throughput "
       "relative to Pre-LN of " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                            PAPER["throughput"].items()) + " (SPEC §6).", ""]
+                                            PAPER["throughput"].items()) + " (paper Table 1).", ""]
   if missing:
     lines += ["## Not run", "", "These planned runs had not finished when the report was "
               "written: " + ", ".join(f"`{m}`" for m in missing) + ".", ""]

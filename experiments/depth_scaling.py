@@ -104,7 +104,7 @@ def report(results, scale, depths, command, missing, output) -> str:
                              title=f"{depth} layers: train loss (lines), eval loss (dots)")
       lines += [f"![{depth} layers]({path})", ""]
   lines += ["## What this run shows", ""] + findings(loss, depths) + [""]
-  lines += ["The paper (SPEC §6) trains 18 and 72 layers for 40K steps: its simplified blocks "
+  lines += ["The paper (Sec. 5) trains 18 and 72 layers for 40K steps: its simplified blocks "
             "keep up with Pre-LN at both depths, and SAS(-P) gain more from depth than "
             "V-SkipInit. Short runs of narrow models are not that setting, and nothing here was "
             "tuned for it: every variant runs its config file's settings (the shaped-attention "

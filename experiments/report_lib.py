@@ -80,8 +80,8 @@ def train_run(config, workdir: str) -> Dict[str, Any]:
 
 
 def count_params(config_dict: Mapping[str, Any]) -> int:
-  from simplified_flax.training import step as train_step  # pylint: disable=import-outside-toplevel
-  return int(sum(np.prod(s) for s in train_step.param_shapes(dict(config_dict)).values()))
+  from simplified_flax.model import parameters  # pylint: disable=import-outside-toplevel
+  return int(sum(np.prod(s) for s in parameters.parameter_shapes(dict(config_dict)).values()))
 
 
 def summarise(workdir: str) -> Dict[str, Any]:

@@ -48,13 +48,13 @@ from ml_collections import config_flags
 
 import configs
 from simplified_flax import cli
+from simplified_flax.model import parameters
 from simplified_flax.training import step as train_step
 
 # The benchmark's shape, applied before the command line's overrides.
 BENCH_SHAPE = {"model.n_layer": 6, "model.n_embd": 768, "model.n_head": 12,
                "model.context_length": 128, "model.vocab_size": 256, "batch_size": 8}
 
-EMBEDDINGS = ("wte", "wpe")   # left out of the non-embedding count
 
 # Published dense peaks, FLOP/s: (bfloat16, float32 at JAX's default matmul precision).
 NOMINAL_PEAKS = {
@@ -92,13 +92,6 @@ def flops_per_token(config, params) -> Dict[str, int]:
           "flops_per_token": 6 * (matmul_weights + head) + attention}
 
 
-def parameter_counts(params, constants) -> Dict[str, int]:
-  """As `python -m simplified_flax.params` counts them (that module's flags clash with ours)."""
-  size = lambda tree: sum(leaf.size for leaf in jax.tree.leaves(tree))
-  return {"total": size(params) + size(constants), "trainable": size(params),
-          "non_embedding": size({k: v for k, v in params.items() if k not in EMBEDDINGS})}
-
-
 def memory_bytes(compiled) -> int:
   """Arguments + temporaries + outputs - donated aliases of a compiled step (XLA's estimate)."""
   stats = compiled.memory_analysis()
@@ -122,7 +115,7 @@ class Runner:
   def __init__(self, spec: str, config):
     self.name, self.config = spec, config
     self.state = train_step.create_train_state(config, jax.random.PRNGKey(config.seed))
-    self.counts = parameter_counts(self.state.params, self.state.constants)
+    self.counts = parameters.counts({"params": self.state.params, **self.state.constants})
     self.batch = random_batch(config, jax.random.PRNGKey(1))
     self.flops = flops_per_token(config, self.state.params)
     start = time.perf_counter()

@@ -12,7 +12,7 @@ from absl import flags
 import jax
 
 from simplified_flax import cli
-from simplified_flax.training import placement as parallel
+from simplified_flax.training import distributed
 from simplified_flax.training.evaluation import evaluate, load_config, restore_read_only, run_eval
 
 __all__ = ["evaluate", "load_config", "restore_read_only", "run_eval"]
@@ -20,8 +20,8 @@ __all__ = ["evaluate", "load_config", "restore_read_only", "run_eval"]
 
 def main(argv) -> None:
   f = cli.start(argv)
-  parallel.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
-                                  auto=f.distributed)
+  distributed.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
+                                     auto=f.distributed)
   result = evaluate(f.workdir, f.eval_steps)
   if jax.process_index() == 0:
     print(json.dumps(result), flush=True)
@@ -30,5 +30,5 @@ def main(argv) -> None:
 if __name__ == "__main__":
   flags.DEFINE_string("workdir", None, "The --workdir of a training run.", required=True)
   flags.DEFINE_integer("eval_steps", None, "Eval batches (default: the saved config's).")
-  parallel.define_distributed_flags()
+  distributed.define_distributed_flags()
   cli.run(main, "simplified_flax.evaluate")

@@ -26,7 +26,7 @@ if __name__ == "__main__":
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 
-from simplified_flax.training import placement as parallel
+from simplified_flax.training import distributed
 from simplified_flax.training.loop import NonFiniteLossError, train_and_evaluate
 from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,
                                            diagnostics_step, eval_step, train_step)
@@ -40,8 +40,8 @@ __all__ = ["create_train_state", "train_step", "eval_step", "diagnostics_step",
 # ------------------------------------------------------------------------------------------
 def main(argv) -> None:
   f = cli.start(argv)
-  parallel.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
-                                  auto=f.distributed)
+  distributed.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
+                                     auto=f.distributed)
   train_and_evaluate(f.config, f.workdir, tensorboard=f.tensorboard)
 
 
@@ -53,5 +53,5 @@ if __name__ == "__main__":
                       required=True)
   flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard event files.")
   flags.mark_flags_as_required(["config"])
-  parallel.define_distributed_flags()
+  distributed.define_distributed_flags()
   cli.run(main, "simplified_flax.train")

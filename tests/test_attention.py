@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from simplified_flax.model import attention
+from simplified_flax.model import masks
 
 B, T, H, DH = 2, 9, 3, 4
 KEY_MASK = jnp.array([[1] * 6 + [0] * 3, [1] * 9], bool)           # row 0 right-padded
@@ -159,18 +160,19 @@ def _reference_shaped_attention(q, k, v, mask, resid_gain, skip_gain, centre_gai
 
 @pytest.mark.parametrize("name", ["causal", "bidirectional_padded", "packed_causal"])
 def test_explicit_gradients_equal_autodiff_of_the_formula_including_probs(name):
-  """The explicit path's hand-written JVP, with a loss that also reads the returned softmax
-  (as diagnostics or an attention-entropy penalty would)."""
+  """The explicit path's hand-written JVP (grad_rules.py, forced on), with a loss that also
+  reads the returned softmax (as diagnostics or an attention-entropy penalty would)."""
   case = CASES[name]
   q, k, v = qkv()
-  mask = attention.attention_mask(T, T, causal=case["causal"], key_mask=case.get("key_mask"),
-                                  segment_ids=case.get("segment_ids"))
+  mask = masks.attention_mask(T, T, causal=case["causal"], key_mask=case.get("key_mask"),
+                              segment_ids=case.get("segment_ids"))
 
   def read_out(out, probs):
     return jnp.sum(jnp.sin(out)) + jnp.sum(jnp.cos(3.0 * probs))
 
   def explicit_loss(q, k, v, gains):
-    return read_out(*attention.shaped_attention(q, k, v, **gains, **case, return_probs=True))
+    return read_out(*attention.shaped_attention(q, k, v, **gains, **case, return_probs=True,
+                                                grad_rules_mode="on"))
 
   def reference_loss(q, k, v, gains):
     return read_out(*_reference_shaped_attention(q, k, v, mask, **gains))

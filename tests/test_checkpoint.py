@@ -9,7 +9,7 @@ import pytest
 from conftest import TINY_MODEL, load_config
 from simplified_flax.training import checkpoints as checkpoint
 from simplified_flax.training import metrics_io
-from simplified_flax.training.step import param_shapes
+from simplified_flax.model.parameters import parameter_shapes as param_shapes
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Configs: every variant loads, linked fields follow, bad values fail naming the field,
 and parameter counts at the paper's shape match the authors' code."""
+import importlib
 import json
+import re
 import subprocess
 import sys
 
@@ -27,6 +29,9 @@ def test_trainable_parameter_counts_match_the_authors(variant):
   assert (config.model.n_layer, config.model.n_embd, config.model.n_head) == (18, 768, 12)
   counts = params.count_parameters(config.model)
   assert abs(counts["trainable"] - AUTHORS_COUNTS[variant]) <= 1_000, counts
+  # The figure the config file's docstring quotes is this code's count.
+  quoted = re.search(r"50K vocabulary: ([\d,]+)", importlib.import_module(f"configs.{variant}").__doc__)
+  assert int(quoted.group(1).replace(",", "")) == counts["trainable"]
 
 
 def test_sas_p_saves_about_fifteen_percent_of_non_embedding_parameters():

@@ -1,4 +1,4 @@
-"""SPEC §7 diagnostics on cases with a known answer, and `collect` on a real model."""
+"""Signal-propagation diagnostics on cases with a known answer, and `collect` on a real model."""
 import math
 
 import jax

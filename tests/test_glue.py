@@ -64,8 +64,8 @@ def test_pairs_are_joined_by_eod_and_truncated():
 def test_examples_are_right_padded_with_a_key_mask():
   split = glue.encode_examples(TOK, glue.get_task("stsb"),
                                {"sentence1": ["ab", "a"], "sentence2": ["c", ""]}, [0.5, 4.0], 6)
-  np.testing.assert_array_equal(split.inputs_NxT[1], ids("a") + [TOK.eod_id] + [TOK.pad_id] * 4)
-  np.testing.assert_array_equal(split.key_mask_NxT.sum(axis=1), [4, 2])
+  np.testing.assert_array_equal(split.inputs_NT[1], ids("a") + [TOK.eod_id] + [TOK.pad_id] * 4)
+  np.testing.assert_array_equal(split.key_mask_NT.sum(axis=1), [4, 2])
   assert split.labels_N.dtype == np.float32
 
 
@@ -77,7 +77,7 @@ def test_batches_cover_every_example_once_and_weight_padding_zero():
   assert all(b["inputs"].shape == (2, 4) for b in got)
   np.testing.assert_array_equal(np.concatenate([b["weights"] for b in got]), [1, 1, 1, 1, 1, 0])
   real = np.concatenate([b["inputs"][b["weights"] > 0, 0] for b in got])
-  assert sorted(real) == sorted(split.inputs_NxT[:, 0])
+  assert sorted(real) == sorted(split.inputs_NT[:, 0])
 
 
 def test_scores_average_metrics_and_leave_out_wnli():
@@ -99,8 +99,8 @@ def test_the_head_reads_what_the_mlm_head_reads():
   encoder = build_model(config.model)
   tokens_BT = jax.random.randint(jax.random.PRNGKey(1), (2, T), 3, TOK.vocab_size)
   variables = jax.jit(encoder.init)(jax.random.PRNGKey(0), tokens_BT)
-  logits_BTV, x_BTD = jax.jit(lambda v: (encoder.apply(v, tokens_BT), classifier.final_norm_output(
-      lambda: encoder.apply(v, tokens_BT))))(variables)
+  logits_BTV, x_BTD = jax.jit(lambda v: (
+      encoder.apply(v, tokens_BT), encoder.apply(v, tokens_BT, return_hidden=True)))(variables)
   wte_VD = variables["params"]["wte"]["embedding"]
   np.testing.assert_allclose(jnp.einsum("btd,vd->btv", x_BTD, wte_VD), logits_BTV,
                              rtol=1e-5, atol=1e-5)

@@ -12,7 +12,7 @@ from simplified_flax.model import layers
 @pytest.mark.parametrize("use_bias", [False, True])
 def test_linear_matches_nn_dense_params_values_and_gradients(use_bias):
   x_BTD = jax.random.normal(jax.random.key(0), (2, 5, 8))
-  ours = layers.Linear(12, use_bias=use_bias)
+  ours = layers.Linear(12, use_bias=use_bias, grad_rules="on")
   theirs = nn.Dense(12, use_bias=use_bias, kernel_init=layers.normal_init(layers.PLAIN_STD))
   params = ours.init(jax.random.key(1), x_BTD)
   assert jax.tree.map(jnp.shape, params) == jax.tree.map(
@@ -37,7 +37,7 @@ def test_linear_matches_nn_dense_params_values_and_gradients(use_bias):
 
 def test_linear_in_bfloat16_keeps_float32_kernel_gradients():
   x_BTD = jax.random.normal(jax.random.key(0), (2, 5, 8))
-  module = layers.Linear(4, dtype=jnp.bfloat16)
+  module = layers.Linear(4, dtype=jnp.bfloat16, grad_rules="on")
   params = module.init(jax.random.key(1), x_BTD)
   assert module.apply(params, x_BTD).dtype == jnp.bfloat16
   grads = jax.grad(lambda p: jnp.sum(module.apply(p, x_BTD).astype(jnp.float32)))(params)

@@ -74,7 +74,7 @@ def test_decay_mask_on_real_model_trees(variant):
   for path, decayed in mask.items():
     leaf = path.split("/")[-1]
     assert decayed == (leaf in ("kernel", "embedding")), path
-  # Embeddings and every dense kernel are decayed (SPEC §6) ...
+  # Embeddings and every dense kernel are decayed (docs/model.md, "Training settings") ...
   assert mask["wte/embedding"] and mask["wpe/embedding"]
   assert mask["h_0/mlp/c_fc/kernel"] and mask["h_0/attn/c_attn/kernel"]
   # ... norm parameters, biases and gains never are.

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from simplified_flax.training import distributed
 from simplified_flax.training import placement as parallel
 
 
@@ -38,19 +39,21 @@ def test_pmap_batches_gain_a_device_axis():
   placed = placement.place_batch({"inputs": np.zeros((8, 16), np.int32)})
   assert placed["inputs"].shape == (1, 8, 16)      # one local CPU device here
   assert placement.axis_name == parallel.PMAP_AXIS
+  assert placement.mode == "pmap" and placement.mesh is None
 
 
 def test_jit_batches_are_global_arrays():
   placement = parallel.Placement.from_config(_config("jit"))
   placed = placement.place_batch({"inputs": np.arange(8 * 4).reshape(8, 4)})
   assert placed["inputs"].shape == (8, 4) and placement.axis_name is None
+  assert placement.mode == "jit" and placement.mesh is not None
   np.testing.assert_array_equal(placed["inputs"], np.arange(32).reshape(8, 4))
 
 
 def test_single_process_needs_no_distributed_start(monkeypatch):
   for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
     monkeypatch.delenv(var, raising=False)
-  assert parallel.initialize_distributed() is False
+  assert distributed.initialize_distributed() is False
 
 
 def test_prefetcher_keeps_order_and_tags():

@@ -1,4 +1,4 @@
-"""SPEC §7 diagnostics in the training loop: computed only every `diagnostics_every` steps,
+"""Diagnostics in the training loop: computed only every `diagnostics_every` steps,
 written to metrics.jsonl per layer."""
 import os
 

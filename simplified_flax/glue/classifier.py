@@ -1,15 +1,15 @@
 """A sequence classifier / regressor on the pretrained encoder, for GLUE fine-tuning.
 
     model = Classifier(encoder=build_model(config.model), num_outputs=3, dropout_rate=0.1)
-    outputs_BK = model.apply(variables, tokens_BT, key_mask=key_mask_BT, train=False)
+    outputs_BO = model.apply(variables, tokens_BT, key_mask=key_mask_BT, train=False)
     encoder_params, encoder_constants, step = load_pretrained_encoder(workdir, config)
     state = with_pretrained_encoder(state, encoder_params, encoder_constants)
 
 The encoder is the MLM model itself (a submodule named "encoder", so its parameters and fixed
-anchors keep their pretraining tree and load unchanged); its tied MLM head is computed but
-unused, and XLA removes it from the compiled step. The head reads the encoder's final
-LayerNorm output, mean-pooled over the real tokens (`key_mask`), then pooler Dense(D) + tanh,
-dropout, Dense(K): K = number of classes, or 1 for regression.
+anchors keep their pretraining tree and load unchanged), called with `return_hidden=True`:
+it returns its final LayerNorm output instead of MLM logits. The head mean-pools that over
+the real tokens (`key_mask`), then pooler Dense(D) + tanh, dropout, Dense(O): O = number of
+classes, or 1 for regression.
 """
 from typing import Any
 
@@ -19,32 +19,6 @@ import jax.numpy as jnp
 
 from simplified_flax.model import layers
 from simplified_flax.training.evaluation import restore_read_only
-
-FINAL_NORM = "ln_f"   # name of the encoder's final LayerNorm (models.Transformer)
-
-
-def final_norm_output(run_encoder) -> jax.Array:
-  """Calls `run_encoder()` and returns what its final LayerNorm produced, [B, T, D].
-
-  A method interceptor sees every submodule call; keeping the one from `ln_f` reads the
-  hidden states the MLM head reads, without changing the encoder module.
-  """
-  captured = []
-
-  def keep_final_norm(next_fun, args, kwargs, context):
-    out = next_fun(*args, **kwargs)
-    if (context.method_name == "__call__" and isinstance(context.module, nn.LayerNorm)
-        and context.module.name == FINAL_NORM):
-      captured.append(out)
-    return out
-
-  with nn.intercept_methods(keep_final_norm):
-    run_encoder()
-  if len(captured) != 1:
-    raise ValueError(f"The encoder called its final LayerNorm '{FINAL_NORM}' "
-                     f"{len(captured)} times; the classifier needs exactly one.")
-  return captured[0]
-
 
 def masked_mean_BD(x_BTD: jax.Array, key_mask_BT: jax.Array | None) -> jax.Array:
   """Mean over the real tokens of each row (all tokens without a mask), float32 [B, D]."""
@@ -56,7 +30,7 @@ def masked_mean_BD(x_BTD: jax.Array, key_mask_BT: jax.Array | None) -> jax.Array
 
 
 class PooledHead(nn.Module):
-  """[B, T, D] hidden states -> [B, K] float32 outputs (mean pool, pooler, dropout, out)."""
+  """[B, T, D] hidden states -> [B, O] float32 outputs (mean pool, pooler, dropout, out)."""
   num_outputs: int
   dropout_rate: float
   dtype: Any = jnp.float32
@@ -68,39 +42,39 @@ class PooledHead(nn.Module):
     h_BD = jnp.tanh(nn.Dense(x_BTD.shape[-1], dtype=self.dtype, kernel_init=init,
                              name="pooler")(pooled_BD))
     h_BD = nn.Dropout(self.dropout_rate, deterministic=not train)(h_BD)
-    out_BK = nn.Dense(self.num_outputs, dtype=self.dtype, kernel_init=init, name="output")(h_BD)
-    return out_BK.astype(jnp.float32)
+    out_BO = nn.Dense(self.num_outputs, dtype=self.dtype, kernel_init=init, name="output")(h_BD)
+    return out_BO.astype(jnp.float32)
 
 
 class Classifier(nn.Module):
-  """Encoder trunk + PooledHead; called like the encoder, returns [B, K] float32."""
-  encoder: nn.Module           # models.Transformer with causal=False
+  """Encoder trunk + PooledHead; called like the encoder, returns [B, O] float32."""
+  encoder: nn.Module           # transformer.Transformer with causal=False
   num_outputs: int
   dropout_rate: float
   dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False):
-    x_BTD = final_norm_output(lambda: self.encoder(
-        tokens_BT, segment_ids=segment_ids, key_mask=key_mask, train=train))
+    x_BTD = self.encoder(tokens_BT, segment_ids=segment_ids, key_mask=key_mask, train=train,
+                         return_hidden=True)
     return PooledHead(self.num_outputs, self.dropout_rate, self.dtype, name="head")(
         x_BTD, key_mask, train=train)
 
 
 # ------------------------------------------------------------------------------------------
-# Task losses and predictions (K = 1 means regression).
+# Task losses and predictions (O = 1 means regression).
 # ------------------------------------------------------------------------------------------
-def task_loss_B(outputs_BK: jax.Array, labels_B: jax.Array, regression: bool) -> jax.Array:
+def task_loss_B(outputs_BO: jax.Array, labels_B: jax.Array, regression: bool) -> jax.Array:
   """float32[B]: squared error (regression) or softmax cross-entropy (classification)."""
   if regression:
-    return jnp.square(outputs_BK[:, 0] - labels_B.astype(jnp.float32))
-  log_probs_BK = jax.nn.log_softmax(outputs_BK.astype(jnp.float32), axis=-1)
-  return -jnp.take_along_axis(log_probs_BK, labels_B.astype(jnp.int32)[:, None], axis=-1)[:, 0]
+    return jnp.square(outputs_BO[:, 0] - labels_B.astype(jnp.float32))
+  log_probs_BO = jax.nn.log_softmax(outputs_BO.astype(jnp.float32), axis=-1)
+  return -jnp.take_along_axis(log_probs_BO, labels_B.astype(jnp.int32)[:, None], axis=-1)[:, 0]
 
 
-def predictions_B(outputs_BK: jax.Array, regression: bool) -> jax.Array:
+def predictions_B(outputs_BO: jax.Array, regression: bool) -> jax.Array:
   """The predicted score (regression) or class id (classification) of each row."""
-  return outputs_BK[:, 0] if regression else jnp.argmax(outputs_BK, axis=-1)
+  return outputs_BO[:, 0] if regression else jnp.argmax(outputs_BO, axis=-1)
 
 
 # ------------------------------------------------------------------------------------------

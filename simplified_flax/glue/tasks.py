@@ -2,7 +2,7 @@
 
     task = glue.get_task("sst2")                     # or "glue/sst2"
     split = glue.load_split(task, "train", tokenizer, seq_len=128)
-    split.inputs_NxT, split.key_mask_NxT, split.labels_N
+    split.inputs_NT, split.key_mask_NT, split.labels_N
     for batch in glue.batches(split, 32, rng=np.random.default_rng(0)): ...
 
 Input layout. The pretraining tokenizers have no [CLS] or [SEP] token (ids: 0 pad, 1 eod,
@@ -99,8 +99,8 @@ def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], seq_len: int) -> np
 @dataclasses.dataclass(frozen=True)
 class EncodedSplit:
   """N examples as fixed-length rows (right-padded)."""
-  inputs_NxT: np.ndarray      # int32
-  key_mask_NxT: np.ndarray    # bool: True on real tokens
+  inputs_NT: np.ndarray      # int32
+  key_mask_NT: np.ndarray    # bool: True on real tokens
   labels_N: np.ndarray        # int32 class ids, or float32 scores (regression)
 
   def __len__(self) -> int:
@@ -111,16 +111,16 @@ def encode_examples(tokenizer: Tokenizer, task: GlueTask, columns: dict[str, Seq
                     labels, seq_len: int) -> EncodedSplit:
   """Encodes the text columns `task.text_keys` of `columns` with their labels."""
   n = len(labels)
-  inputs_NxT = np.full((n, seq_len), tokenizer.pad_id, np.int32)
-  key_mask_NxT = np.zeros((n, seq_len), bool)
+  inputs_NT = np.full((n, seq_len), tokenizer.pad_id, np.int32)
+  key_mask_NT = np.zeros((n, seq_len), bool)
   for row in range(n):
     ids = encode_texts(tokenizer, [columns[k][row] for k in task.text_keys], seq_len)
-    inputs_NxT[row, :len(ids)] = ids
-    key_mask_NxT[row, :len(ids)] = True
+    inputs_NT[row, :len(ids)] = ids
+    key_mask_NT[row, :len(ids)] = True
   # An empty text would leave a row with no key to attend to: give it one pad token.
-  key_mask_NxT[:, 0] = True
+  key_mask_NT[:, 0] = True
   label_dtype = np.float32 if task.is_regression else np.int32
-  return EncodedSplit(inputs_NxT, key_mask_NxT, np.asarray(labels, label_dtype))
+  return EncodedSplit(inputs_NT, key_mask_NT, np.asarray(labels, label_dtype))
 
 
 # ------------------------------------------------------------------------------------------
@@ -176,7 +176,7 @@ def batches(split: EncodedSplit, batch_size: int,
     real = len(rows)
     rows = np.concatenate([rows, np.zeros(batch_size - real, rows.dtype)])
     weights_B = (np.arange(batch_size) < real).astype(np.float32)
-    yield {"inputs": split.inputs_NxT[rows], "key_mask": split.key_mask_NxT[rows],
+    yield {"inputs": split.inputs_NT[rows], "key_mask": split.key_mask_NT[rows],
            "labels": split.labels_N[rows], "weights": weights_B}
 
 

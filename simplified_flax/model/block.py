@@ -1,4 +1,4 @@
-"""The one configurable Transformer block (SPEC §1) and its attention sub-block (SPEC §2).
+"""The one configurable Transformer block and its attention sub-block (docs/model.md, "The block").
 
 Every variant of the papers is this block with different settings (configs/), never a
 separate class.
@@ -10,13 +10,14 @@ import jax
 import jax.numpy as jnp
 
 from simplified_flax.model import attention
+from simplified_flax.model import grad_rules
 from simplified_flax.model import kv_cache
 from simplified_flax.model import layers
 from simplified_flax.model import valproj
 
 
 def _qk_kernel_init(m):
-  """W_qk [D, 2D] ~ N(0, 0.02), with the query / key half re-drawn when asked (SPEC §2.2)."""
+  """W_qk [D, 2D] ~ N(0, 0.02), with the query / key half re-drawn when asked (query_init_std)."""
   def init(key, shape, dtype=jnp.float32):
     D = shape[0]
     base_key, q_key, k_key = jax.random.split(key, 3)
@@ -30,7 +31,9 @@ def _qk_kernel_init(m):
 
 
 class AttentionSubBlock(nn.Module):
-  """`Proj(merge((resid*A + skip*I - centre*C) Value(x)))` for x [B, T, D] (SPEC §2).
+  """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (paper Sec. 4.1).
+
+  alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain (per head).
 
   Decoding (`cache_index` [B] given): x holds T new tokens per row at absolute positions
   cache_index[b] + t, attended against this layer's `cache` collection (see kv_cache.py),
@@ -48,7 +51,8 @@ class AttentionSubBlock(nn.Module):
     B, T, D = x_BTD.shape
     H = m.n_head
     qk_BT2D = layers.Linear(2 * D, use_bias=True, kernel_init=_qk_kernel_init(m),
-                            dtype=self.dtype, name="c_attn")(x_BTD)
+                            dtype=self.dtype, grad_rules=grad_rules.mode_of(m),
+                            name="c_attn")(x_BTD)
     q_BTD, k_BTD = jnp.split(qk_BT2D, 2, axis=-1)
     v_BTD = self._linear("value", valproj.value_settings(m, self.layer))(
         x_BTD, anchors.get("value"))
@@ -64,15 +68,16 @@ class AttentionSubBlock(nn.Module):
       skip_H = layers.gain(self, "attn_mat_skip_gain", m.attn_mat_skip_gain, trainable, (H,))
       centre_H = layers.gain(self, "centre_attn_gain", m.centre_attn_gain,
                              trainable and m.centre_attn_gain != 0, (H,))
+    gains = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H)
     if cache_index is not None:
-      out_BTHd = self._attend_cached(q_BTHd, k_BTHd, v_BTHd, resid_H, skip_H, centre_H,
-                                     cache_index, lengths)
+      out_BTHd = self._attend_cached(q_BTHd, k_BTHd, v_BTHd, gains=gains, index_B=cache_index,
+                                     lengths_B=lengths)
     else:
       result = attention.shaped_attention(
-          q_BTHd, k_BTHd, v_BTHd, resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
-          causal=self.causal, key_mask=key_mask, segment_ids=segment_ids,
+          q_BTHd, k_BTHd, v_BTHd, **gains, causal=self.causal, key_mask=key_mask,
+          segment_ids=segment_ids,
           impl=m.attention_impl, logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None,
-          return_probs=m.attention_impl == "explicit")
+          return_probs=m.attention_impl == "explicit", grad_rules_mode=grad_rules.mode_of(m))
       if m.attention_impl == "explicit":
         out_BTHd, probs_BHTT = result
         self.sow("intermediates", "attn_probs", probs_BHTT)
@@ -81,33 +86,34 @@ class AttentionSubBlock(nn.Module):
     return self._linear("proj", valproj.proj_settings(m, self.layer))(
         out_BTHd.reshape(B, T, D), anchors.get("proj"))
 
-  def _attend_cached(self, q_BTHd, k_BTHd, v_BTHd, resid_H, skip_H, centre_H, index_B,
-                     lengths_B):
+  def _attend_cached(self, q_BTHd, k_BTHd, v_BTHd, *, gains, index_B, lengths_B):
     """Attends to the cache and appends the new keys and values (not while initialising)."""
     m = self.cfg
-    B, T, H, Dh = k_BTHd.shape
+    B, T, H, d = k_BTHd.shape
     # Created with the shapes of the init call, whose T is the cache length.
-    shape = kv_cache.cache_shape(B, T, H, Dh)
+    shape = kv_cache.cache_shape(B, T, H, d)
     templates = {"keys": (shape, k_BTHd.dtype), "values": (shape, v_BTHd.dtype),
-                 "value_sum": ((B, H, Dh), jnp.float32)}
+                 "value_sum": ((B, H, d), jnp.float32)}
     cache = {name: self.variable("cache", name, jnp.zeros, *templates[name])
-             for name in kv_cache.cache_names(m.attention_impl, centre_H is not None)}
+             for name in kv_cache.cache_names(m.attention_impl, gains["centre_gain"] is not None)}
     out_BTHd, new = kv_cache.cached_shaped_attention(
         q_BTHd, k_BTHd, v_BTHd, {name: var.value for name, var in cache.items()}, index_B,
-        lengths_B, resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
-        impl=m.attention_impl, logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
+        lengths_B, **gains, impl=m.attention_impl,
+        logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
     if not self.is_initializing():
       for name, var in cache.items():
         var.value = new[name]
     return out_BTHd
 
   def _linear(self, name: str, s: valproj.LinearSettings) -> layers.ReparamLinear:
-    return layers.ReparamLinear(s.resid_gain, s.skip_gain, s.init_type, s.trainable_gains,
-                                s.init_std, self.dtype, name=name)
+    return layers.ReparamLinear(
+        resid_gain=s.resid_gain, skip_gain=s.skip_gain, init_type=s.init_type,
+        trainable_gains=s.trainable_gains, init_std=s.init_std, dtype=self.dtype,
+        grad_rules=grad_rules.mode_of(self.cfg), name=name)
 
 
 class Block(nn.Module):
-  """One block, sequential or parallel (SPEC §1), x [B, T, D] -> [B, T, D].
+  """One block, sequential or parallel (docs/model.md, "The block"), x [B, T, D] -> [B, T, D].
 
   The parallel form reads only `norm1`; `norm2` is still created there, as in the authors'
   code, so that parameter counts and converted checkpoints line up with theirs.
@@ -126,8 +132,9 @@ class Block(nn.Module):
     norm1 = layers.make_norm(norm_type, m.norm_eps, self.dtype, "norm1")
     norm2 = layers.make_norm(m.norm_type, m.norm_eps, self.dtype, "norm2")
     attn = AttentionSubBlock(m, self.layer, self.causal, self.dtype, name="attn")
-    mlp = layers.MLP(m.mlp_width_mult, m.activation, m.lrelu_neg_slope, m.mlp_proj_init_std,
-                     self.dtype, name="mlp")
+    mlp = layers.MLP(width_mult=m.mlp_width_mult, activation=m.activation,
+                     lrelu_neg_slope=m.lrelu_neg_slope, proj_init_std=m.mlp_proj_init_std,
+                     dtype=self.dtype, grad_rules=grad_rules.mode_of(m), name="mlp")
     drop = nn.Dropout(m.dropout_rate, deterministic=not train)
     attn_fn = lambda h: drop(attn(h, anchors, key_mask=key_mask, segment_ids=segment_ids,
                                   cache_index=cache_index, lengths=lengths))
@@ -146,12 +153,15 @@ class Block(nn.Module):
         out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD
       return out_BTD.astype(self.dtype)
 
-    x_BTD = self._sub_block(x_BTD, norm1, attn_fn, attn_resid, "attn_block_skip_gain",
-                            m.attn_block_skip_gain, m.trainable_attn_block_gains)
-    return self._sub_block(x_BTD, norm2, mlp_fn, mlp_resid, "mlp_block_skip_gain",
-                           m.mlp_block_skip_gain, m.trainable_mlp_block_gains)
+    x_BTD = self._sub_block(x_BTD, norm=norm1, branch=attn_fn, resid_gain=attn_resid,
+                            skip_name="attn_block_skip_gain", skip_value=m.attn_block_skip_gain,
+                            trainable=m.trainable_attn_block_gains)
+    return self._sub_block(x_BTD, norm=norm2, branch=mlp_fn, resid_gain=mlp_resid,
+                           skip_name="mlp_block_skip_gain", skip_value=m.mlp_block_skip_gain,
+                           trainable=m.trainable_mlp_block_gains)
 
-  def _sub_block(self, x_BTD, norm, branch, resid_gain, skip_name, skip_value, trainable):
+  def _sub_block(self, x_BTD, *, norm, branch, resid_gain, skip_name, skip_value, trainable):
+    """`resid_gain * branch(norm(x)) + skip * x`, with the norm placed per norm_position."""
     if self.cfg.norm_position == "post":
       x_BTD = norm(x_BTD)
     h_BTD = norm(x_BTD) if self.cfg.norm_position == "pre" else x_BTD

@@ -5,6 +5,7 @@ offending field and says how to fix it, e.g.
     model.n_embd=100 is not divisible by model.n_head=12: choose n_embd = n_head * head_dim.
 """
 from simplified_flax.model import attention
+from simplified_flax.model import grad_rules
 from simplified_flax.model import layers
 from simplified_flax.model import valproj
 
@@ -58,6 +59,7 @@ def validate_model_config(m, prefix: str = "model", require_vocab: bool = True) 
   _one_of(m.val_init_type, layers.INIT_TYPES, f("val_init_type"))
   _one_of(m.proj_init_type, layers.INIT_TYPES, f("proj_init_type"))
   _one_of(m.attention_impl, attention.IMPLS, f("attention_impl"))
+  _one_of(grad_rules.mode_of(m), grad_rules.MODES, f("grad_rules"))
   _one_of(m.tie_valproj_init, valproj.TIE_MODES, f("tie_valproj_init"))
   _require(m.norm_eps > 0, f"{f('norm_eps')}={m.norm_eps} must be positive.")
   _require(0 <= m.dropout_rate < 1, f"{f('dropout_rate')}={m.dropout_rate} must be in [0, 1).")

@@ -1,4 +1,5 @@
-"""Shaped attention against a key/value cache, for incremental decoding (SPEC §2.1, §8).
+"""Shaped attention against a key/value cache, for incremental decoding (docs/model.md,
+"The centering matrix C" and "The fused form").
 
 Layout: row b of a cache holds its own sequence at its absolute positions, slots
 0 .. index[b]-1; a chunk of Tq new tokens is written at index[b] .. index[b]+Tq-1, and only
@@ -10,13 +11,13 @@ pass of its row alone, and rows of different lengths need no key mask.
 
 The centering term of the query at absolute position p averages the row's values 0..p:
   * explicit: the C row of position p, from the per-row causal mask (`attention.py`);
-  * fused: a running float32 sum of the row's real values, so C v costs O(H * Dh) per token
+  * fused: a running float32 sum of the row's real values, so C v costs O(H * d) per token
     rather than a cumulative mean over the whole cache.
 
-A cache is a dict of arrays: "keys" and "values" [B, H, Tmax, Dh] (compute dtype), plus
-"value_sum" [B, H, Dh] (float32) for the fused, centred case. Heads come before time so
+A cache is a dict of arrays: "keys" and "values" [B, H, Tmax, d] (compute dtype), plus
+"value_sum" [B, H, d] (float32) for the fused, centred case. Heads come before time so
 that attention reads each head's keys and values as one contiguous matrix: in the [B, T, H,
-Dh] layout of the training path XLA copied the whole cache into that order at every step,
+d] layout of the training path XLA copied the whole cache into that order at every step,
 which halved the decoding speed at batch 16 on CPU.
 """
 from typing import Dict, Tuple
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from simplified_flax.model import attention
+from simplified_flax.model import masks
 
 Cache = Dict[str, jax.Array]
 
@@ -35,62 +37,62 @@ def cache_names(impl: str, centred: bool) -> Tuple[str, ...]:
 
 
 def cache_shape(batch: int, length: int, num_heads: int, head_dim: int) -> Tuple[int, ...]:
-  """Shape of the "keys" / "values" cache: [B, H, Tmax, Dh]."""
+  """Shape of the "keys" / "values" cache: [B, H, Tmax, d]."""
   return (batch, num_heads, length, head_dim)
 
 
-def write(cache_BHKD, new_BQHD, index_B) -> jax.Array:
+def write(cache_BHKd, new_BQHd, index_B) -> jax.Array:
   """The cache with row b's `new` written at time slots index[b] .. index[b]+Tq-1."""
-  B, Tq = new_BQHD.shape[:2]
-  rows_BQ, slots_BQ = jnp.arange(B)[:, None], attention.query_positions(Tq, index_B)
-  return cache_BHKD.at[rows_BQ, :, slots_BQ].set(new_BQHD.astype(cache_BHKD.dtype),
+  B, Tq = new_BQHd.shape[:2]
+  rows_BQ, slots_BQ = jnp.arange(B)[:, None], masks.query_positions(Tq, index_B)
+  return cache_BHKd.at[rows_BQ, :, slots_BQ].set(new_BQHd.astype(cache_BHKd.dtype),
                                                   mode="drop")
 
 
-def running_centred_values(sum_BHD, v_BQHD, index_B, lengths_B):
-  """(C v at each new query, float32 [B, Tq, H, Dh]; the running sum after the real tokens).
+def running_centred_values(sum_BHd, v_BQHd, index_B, lengths_B):
+  """(C v at each new query, float32 [B, Q, H, d]; the running sum after the real tokens).
 
-  `sum_BHD` is the sum of the row's values at positions 0 .. index[b]-1.
+  `sum_BHd` is the sum of the row's values at positions 0 .. index[b]-1.
   """
-  Tq = v_BQHD.shape[1]
-  v_BQHD = v_BQHD.astype(jnp.float32)
-  inclusive_BQHD = sum_BHD[:, None] + jnp.cumsum(v_BQHD, axis=1)
-  count_BQ = attention.query_positions(Tq, index_B) + 1   # the query at p averages p+1 values
-  mean_BQHD = inclusive_BQHD / count_BQ[:, :, None, None].astype(jnp.float32)
+  Tq = v_BQHd.shape[1]
+  v_BQHd = v_BQHd.astype(jnp.float32)
+  inclusive_BQHd = sum_BHd[:, None] + jnp.cumsum(v_BQHd, axis=1)
+  count_BQ = masks.query_positions(Tq, index_B) + 1   # the query at p averages p+1 values
+  mean_BQHd = inclusive_BQHd / count_BQ[:, :, None, None].astype(jnp.float32)
   real_BQ = jnp.arange(Tq) < lengths_B[:, None]
-  new_sum_BHD = sum_BHD + jnp.sum(jnp.where(real_BQ[:, :, None, None], v_BQHD, 0.0), axis=1)
-  return mean_BQHD, new_sum_BHD
+  new_sum_BHd = sum_BHd + jnp.sum(jnp.where(real_BQ[:, :, None, None], v_BQHd, 0.0), axis=1)
+  return mean_BQHd, new_sum_BHd
 
 
-def cached_shaped_attention(q_BQHD, k_BQHD, v_BQHD, cache: Cache, index_B, lengths_B, *,
+def cached_shaped_attention(q_BQHd, k_BQHd, v_BQHd, cache: Cache, index_B, lengths_B, *,
                             resid_gain, skip_gain, centre_gain, impl: attention.Impl,
                             logit_soft_cap=None) -> Tuple[jax.Array, Cache]:
   """Causal shaped attention of Tq new tokens per row against the cache; (out, new cache).
 
-  out [B, Tq, H, Dh] equals, at every real token, what `attention.shaped_attention` gives for
+  out [B, Q, H, d] equals, at every real token, what `attention.shaped_attention` gives for
   that token in the full sequence of its row (to float32 round-off). Gains as there.
   """
-  new = dict(cache, keys=write(cache["keys"], k_BQHD, index_B),
-             values=write(cache["values"], v_BQHD, index_B))
+  new = dict(cache, keys=write(cache["keys"], k_BQHd, index_B),
+             values=write(cache["values"], v_BQHd, index_B))
   # Views in the attention layout; XLA folds the transposes into the matrix products.
-  k_BKHD, v_BKHD = (jnp.swapaxes(new[name], 1, 2) for name in ("keys", "values"))
+  k_BKHd, v_BKHd = (jnp.swapaxes(new[name], 1, 2) for name in ("keys", "values"))
   if impl != "fused" or centre_gain is None:
-    out_BQHD = attention.shaped_attention(
-        q_BQHD, k_BKHD, v_BKHD, resid_gain=resid_gain, skip_gain=skip_gain,
+    out_BQHd = attention.shaped_attention(
+        q_BQHd, k_BKHd, v_BKHd, resid_gain=resid_gain, skip_gain=skip_gain,
         centre_gain=centre_gain, causal=True, query_offset=index_B, impl=impl,
         logit_soft_cap=logit_soft_cap)
-    return out_BQHD, new
+    return out_BQHd, new
 
   # Fused and centred: resid * A v + skip * v - centre * C v, summed in the order of
   # attention.py's fused path. The identity term takes the new values as they are: gathering
   # them back from the cache view would make XLA transpose the whole cache.
-  gain = lambda g: jnp.asarray(g, jnp.float32).reshape(-1, 1)   # [H] over [.., H, Dh]
-  attended_BQHD = attention.attention(q_BQHD, k_BKHD, v_BKHD, resid_gain=resid_gain,
+  gain = lambda g: jnp.asarray(g, jnp.float32).reshape(-1, 1)   # [H] over [.., H, d]
+  attended_BQHd = attention.attention(q_BQHd, k_BKHd, v_BKHd, resid_gain=resid_gain,
                                       causal=True, query_offset=index_B, impl="fused")
-  out_BQHD = attended_BQHD.astype(jnp.float32)
+  out_BQHd = attended_BQHd.astype(jnp.float32)
   if skip_gain is not None:
-    out_BQHD = out_BQHD + gain(skip_gain) * v_BQHD.astype(jnp.float32)
-  mean_BQHD, new["value_sum"] = running_centred_values(cache["value_sum"], v_BQHD, index_B,
+    out_BQHd = out_BQHd + gain(skip_gain) * v_BQHd.astype(jnp.float32)
+  mean_BQHd, new["value_sum"] = running_centred_values(cache["value_sum"], v_BQHd, index_B,
                                                        lengths_B)
-  out_BQHD = out_BQHD - gain(centre_gain) * mean_BQHD
-  return out_BQHD.astype(v_BQHD.dtype), new
+  out_BQHd = out_BQHd - gain(centre_gain) * mean_BQHd
+  return out_BQHd.astype(v_BQHd.dtype), new

@@ -1,4 +1,4 @@
-"""Building blocks of SPEC §1-3: norms, gains, the reparameterised linear, the MLP.
+"""Building blocks of the block (docs/model.md): norms, gains, the reparameterised linear, the MLP.
 
 A gain whose trainable flag is off is a plain constant, not a variable, so no optimiser can
 move it and it never appears in the parameter tree.
@@ -7,8 +7,9 @@ from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
-from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
+
+from simplified_flax.model import grad_rules as grad_rules_lib
 
 NORM_TYPES = ("ln", "rmsnorm", "none")
 INIT_TYPES = ("normal", "orth", "id")
@@ -77,7 +78,7 @@ def anchor_matrix(key, init_type: str, dim: int) -> jax.Array:
 
 
 def linear_form(resid_gain, skip_gain, init_type) -> str:
-  """Which of SPEC §2.2's three forms a Value/Proj with these settings takes."""
+  """Which of the three forms (docs/model.md, "Value and Proj") a Value/Proj takes."""
   if skip_gain is None:
     return "plain"
   if skip_gain == 1 and resid_gain == 0 and init_type == "id":
@@ -86,7 +87,7 @@ def linear_form(resid_gain, skip_gain, init_type) -> str:
 
 
 class ReparamLinear(nn.Module):
-  """Value / output projection of SPEC §2.2, [.., D] -> [.., D], no bias.
+  """Value / output projection (He & Hofmann 2024, Sec. 4.2), [.., D] -> [.., D], no bias.
 
   * identity: no parameters;
   * plain: `x @ W`, W initialised by `init_type` (or N(0, init_std));
@@ -99,6 +100,7 @@ class ReparamLinear(nn.Module):
   trainable_gains: bool
   init_std: Optional[float] = None
   dtype: Any = jnp.float32
+  grad_rules: str = "auto"   # grad_rules.py
 
   @nn.compact
   def __call__(self, x_BTD, anchor_DD=None):
@@ -108,57 +110,30 @@ class ReparamLinear(nn.Module):
       return x_BTD
     if form == "plain":
       return Linear(D, kernel_init=kernel_init(self.init_type, self.init_std), dtype=self.dtype,
-                    name="linear")(x_BTD)
+                    grad_rules=self.grad_rules, name="linear")(x_BTD)
     w_DD = self.param("kernel", normal_init(self.init_std or 0.0), (D, D), jnp.float32)
     resid = gain(self, "resid_gain", self.resid_gain, self.trainable_gains)
     skip = gain(self, "skip_gain", self.skip_gain, self.trainable_gains)
     weight_DD = resid * w_DD + skip * anchor_DD
-    return dense(x_BTD.astype(self.dtype), weight_DD.astype(self.dtype))
-
-
-@jax.custom_jvp
-def dense(x_ND, kernel_DF):
-  """`x @ kernel` over the last axis of x, [..., D] x [D, F] -> [..., F].
-
-  Same values and derivatives as `jnp.dot`, forward and reverse mode. The JVP writes the
-  kernel's contribution as `(dkernel^T x^T)^T`, so that its transpose (the kernel gradient in
-  reverse mode) is `(dy^T x)^T` rather than `x^T dy`: XLA:CPU lowers the latter, with the
-  MLP's [tokens, 4D] activations, as a slow transposing loop (about a fifth of a Pre-LN step
-  at D=768); the former is a plain matmul plus a cheap [F, D] transpose on every backend.
-  """
-  return jnp.dot(x_ND, kernel_DF)
-
-
-def _dense_jvp(primals, tangents):
-  x_ND, kernel_DF = primals
-  dx_ND, dkernel_DF = tangents
-  y_NF = jnp.dot(x_ND, kernel_DF)
-  dy_NF = jnp.zeros_like(y_NF)
-  # A symbolic-zero tangent (an input that is not differentiated) costs no matmul.
-  if not isinstance(dx_ND, SymbolicZero):
-    dy_NF = dy_NF + jnp.dot(dx_ND, kernel_DF)
-  if not isinstance(dkernel_DF, SymbolicZero):
-    x_2D = x_ND.reshape(-1, x_ND.shape[-1])
-    dy_NF = dy_NF + jnp.dot(dkernel_DF.T, x_2D.T).T.reshape(y_NF.shape)
-  return y_NF, dy_NF
-
-
-dense.defjvp(_dense_jvp, symbolic_zeros=True)
+    matmul = grad_rules_lib.matmul(self.grad_rules)
+    return matmul(x_BTD.astype(self.dtype), weight_DD.astype(self.dtype))
 
 
 class Linear(nn.Module):
   """`x @ kernel (+ bias)`: `nn.Dense`'s parameters (`kernel` [D, F] float32, `bias` zeros)
-  and numerics, computed in `dtype` through `dense` (a faster kernel gradient on CPU)."""
+  and numerics, computed in `dtype`; `grad_rules` may give it a faster kernel gradient on CPU."""
   features: int
   use_bias: bool = False
   kernel_init: Callable = normal_init(PLAIN_STD)
   dtype: Any = jnp.float32
+  grad_rules: str = "auto"   # grad_rules.py
 
   @nn.compact
   def __call__(self, x_BTD):
     kernel_DF = self.param("kernel", self.kernel_init, (x_BTD.shape[-1], self.features),
                            jnp.float32)
-    y_BTF = dense(x_BTD.astype(self.dtype), kernel_DF.astype(self.dtype))
+    matmul = grad_rules_lib.matmul(self.grad_rules)
+    y_BTF = matmul(x_BTD.astype(self.dtype), kernel_DF.astype(self.dtype))
     if self.use_bias:
       bias_F = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
       y_BTF = y_BTF + bias_F.astype(self.dtype)
@@ -180,11 +155,14 @@ class MLP(nn.Module):
   lrelu_neg_slope: float
   proj_init_std: Optional[float] = None
   dtype: Any = jnp.float32
+  grad_rules: str = "auto"   # grad_rules.py
 
   @nn.compact
   def __call__(self, x_BTD):
     D = x_BTD.shape[-1]
-    h_BTF = Linear(self.width_mult * D, dtype=self.dtype, name="c_fc")(x_BTD)
+    h_BTF = Linear(self.width_mult * D, dtype=self.dtype, grad_rules=self.grad_rules,
+                   name="c_fc")(x_BTD)
     h_BTF = activation_fn(self.activation, self.lrelu_neg_slope)(h_BTF)
     std = PLAIN_STD if self.proj_init_std is None else self.proj_init_std
-    return Linear(D, kernel_init=normal_init(std), dtype=self.dtype, name="c_proj")(h_BTF)
+    return Linear(D, kernel_init=normal_init(std), dtype=self.dtype, grad_rules=self.grad_rules,
+                  name="c_proj")(h_BTF)

@@ -1,12 +1,19 @@
-"""Parameter counts of a model config without allocating the parameters (`jax.eval_shape`)."""
+"""The one parameter counter: sizes of variable trees, and of a config's model without
+allocating it (`jax.eval_shape`)."""
 from typing import Dict
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from simplified_flax.model import transformer
 
-EMBEDDINGS = ("wte", "wpe")
+EMBEDDINGS = ("wte", "wpe")   # left out of the non-embedding count
+
+
+def size(tree) -> int:
+  """Number of scalars in a tree of arrays or ShapeDtypeStructs."""
+  return sum(x.size for x in jax.tree.leaves(tree))
 
 
 def variable_shapes(model_config):
@@ -16,18 +23,25 @@ def variable_shapes(model_config):
   return jax.eval_shape(lambda t: model.init(jax.random.key(0), t), tokens)
 
 
-def _size(tree) -> int:
-  return sum(x.size for x in jax.tree.leaves(tree))
+def parameter_shapes(config_dict: dict) -> dict[str, tuple[int, ...]]:
+  """{parameter path: shape} of the model a (saved, JSON) config dict describes."""
+  params = variable_shapes(ml_collections.ConfigDict(config_dict["model"]))["params"]
+  return {jax.tree_util.keystr(path): tuple(x.shape)
+          for path, x in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def counts(variables, breakdown: bool = False) -> Dict:
+  """{"total": every array (fixed anchors included), "trainable": the `params` collection,
+  "non_embedding": trainable minus token and position embeddings} of a variables tree
+  ({"params": ..., "constants": ...}); with `breakdown`, trainable per top-level module."""
+  params = variables["params"]
+  result = {"total": size(variables), "trainable": size(params),
+            "non_embedding": size({k: v for k, v in params.items() if k not in EMBEDDINGS})}
+  if breakdown:
+    result["breakdown"] = {name: size(sub) for name, sub in params.items()}
+  return result
 
 
 def count_parameters(model_config, breakdown: bool = False) -> Dict:
-  shapes = variable_shapes(model_config)
-  params = shapes["params"]
-  counts = {
-      "total": _size(shapes),
-      "trainable": _size(params),
-      "non_embedding": _size({k: v for k, v in params.items() if k not in EMBEDDINGS}),
-  }
-  if breakdown:
-    counts["breakdown"] = {name: _size(sub) for name, sub in params.items()}
-  return counts
+  """`counts` of the model `model_config` describes."""
+  return counts(variable_shapes(model_config), breakdown)

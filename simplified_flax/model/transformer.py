@@ -1,4 +1,5 @@
-"""Decoder LM and encoder MLM models (SPEC §4): embeddings, L blocks, final LayerNorm, tied head.
+"""Decoder LM and encoder MLM models (docs/model.md, "The model"): embeddings, L blocks, final
+LayerNorm, tied head.
 
     model = build_model(config.model, dtype="bfloat16")
     variables = model.init(jax.random.key(0), tokens_BT)      # {"params", "constants"}
@@ -24,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from simplified_flax.model import attention
 from simplified_flax.model import block
 from simplified_flax.model import layers
+from simplified_flax.model import masks
 from simplified_flax.model import valproj
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -34,7 +35,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 
 def segment_positions(segment_ids_BT) -> jax.Array:
   """Position of each token inside its own (contiguous) segment, [B, T]."""
-  return jnp.arange(segment_ids_BT.shape[1]) - attention.segment_run_starts(segment_ids_BT)
+  return jnp.arange(segment_ids_BT.shape[1]) - masks.segment_run_starts(segment_ids_BT)
 
 
 class Transformer(nn.Module):
@@ -48,9 +49,11 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False,
-               decode: bool = False, lengths=None):
+               decode: bool = False, lengths=None, return_hidden: bool = False):
     """`lengths` [B] (decode only): how many leading tokens of each row are real (default T);
-    the cache index of row b advances by lengths[b]."""
+    the cache index of row b advances by lengths[b]. `return_hidden`: return the final
+    LayerNorm's output [B, T, D] (what the tied head reads) instead of the logits, e.g. for a
+    task head (glue/classifier.py); the parameters are the same either way."""
     m = self.cfg
     B, T = tokens_BT.shape
     if T > m.max_position_embeddings:
@@ -65,8 +68,9 @@ class Transformer(nn.Module):
                    embedding_init=layers.normal_init(layers.PLAIN_STD))
     cache_index_B = None
     if decode:
-      cache_index_B, lengths = self._advance_cache(B, T, lengths, segment_ids, key_mask, train)
-      positions_BT = attention.query_positions(T, cache_index_B)
+      cache_index_B, lengths = self._advance_cache(
+          B, T, lengths=lengths, segment_ids=segment_ids, key_mask=key_mask, train=train)
+      positions_BT = masks.query_positions(T, cache_index_B)
     elif segment_ids is None:
       positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
     else:
@@ -81,11 +85,13 @@ class Transformer(nn.Module):
       self.sow("intermediates", "hidden", x_BTD)
 
     x_BTD = nn.LayerNorm(epsilon=m.norm_eps, dtype=self.dtype, name="ln_f")(x_BTD)
+    if return_hidden:
+      return x_BTD
     # Tied head; float32 logits for a stable softmax cross-entropy.
     return jnp.einsum("btd,vd->btv", x_BTD, wte.embedding.astype(self.dtype),
                       preferred_element_type=jnp.float32)
 
-  def _advance_cache(self, B, T, lengths, segment_ids, key_mask, train):
+  def _advance_cache(self, B, T, *, lengths, segment_ids, key_mask, train):
     """(cache index [B] where this chunk starts, lengths [B]); moves the index past the chunk."""
     if not self.causal or segment_ids is not None or key_mask is not None or train:
       raise ValueError("decode=True is for the causal decoder at inference: no segment_ids, "

@@ -1,4 +1,5 @@
-"""Per-layer Value / Proj settings (SPEC §2.2) and their fixed anchor matrices W0.
+"""Per-layer Value / Proj settings and their fixed anchor matrices W0 (docs/model.md, "Value
+and Proj").
 
 The anchors are drawn once, at init, by `anchor_matrices` for the whole stack, because
 `tie_valproj_init` couples them across modules and across layers:
@@ -34,16 +35,18 @@ def value_settings(m, layer: int) -> LinearSettings:
   resid = m.value_resid_gain
   if layer == 0 and m.first_layer_value_resid_gain is not None:
     resid = m.first_layer_value_resid_gain
-  return LinearSettings(resid, m.value_skip_gain, m.val_init_type, m.trainable_value_gains,
-                        m.val_proj_init_std)
+  return LinearSettings(resid_gain=resid, skip_gain=m.value_skip_gain,
+                        init_type=m.val_init_type, trainable_gains=m.trainable_value_gains,
+                        init_std=m.val_proj_init_std)
 
 
 def proj_settings(m, layer: int) -> LinearSettings:
   resid = m.proj_resid_gain
   if layer == m.n_layer - 1 and m.last_layer_proj_resid_gain is not None:
     resid = m.last_layer_proj_resid_gain
-  return LinearSettings(resid, m.proj_skip_gain, m.proj_init_type, m.trainable_proj_gains,
-                        m.val_proj_init_std)
+  return LinearSettings(resid_gain=resid, skip_gain=m.proj_skip_gain,
+                        init_type=m.proj_init_type, trainable_gains=m.trainable_proj_gains,
+                        init_std=m.val_proj_init_std)
 
 
 def anchor_matrices(key, m) -> Dict[str, Dict[str, jax.Array]]:

@@ -1,4 +1,5 @@
-"""The signal-propagation diagnostics the papers log (SPEC §7), as pure functions over arrays.
+"""The signal-propagation diagnostics the papers log (docs/model.md, "Diagnostics"), as pure
+functions over arrays.
 
     logits, state = model.apply(variables, tokens_BT, mutable=["intermediates"])
     metrics = collect(state["intermediates"], variables["params"])
@@ -93,7 +94,7 @@ def max_median_ratio(x_BTD: jax.Array) -> jax.Array:
 
 
 def hidden_state_metrics(x_BTD: jax.Array) -> Dict[str, jax.Array]:
-  """Every SPEC §7 statistic of one layer's hidden state, sharing one Gram matrix."""
+  """Every diagnostic statistic of one layer's hidden state, sharing one Gram matrix."""
   x_ND = x_BTD.reshape(-1, x_BTD.shape[-1]).astype(jnp.float32)
   centred_ND = x_ND - x_ND.mean(axis=-1, keepdims=True)
   z_ND = normalised_features(x_BTD)

@@ -6,7 +6,7 @@ key-value store (`HEARTBEAT_EVERY_S`); a watchdog thread that sees a peer silent
 `LOST_AFTER_S` (or the coordinator itself gone) prints one line naming it and exits 1 at
 once, skipping JAX's shutdown barrier, which would only abort. A collective that fails
 first (gloo on CPU reports the closed connection) is explained the same way by `explain`.
-JAX's own heartbeat timeout (`placement.HEARTBEAT_TIMEOUT_S`) stays the backstop.
+JAX's own heartbeat timeout (`distributed.HEARTBEAT_TIMEOUT_S`) stays the backstop.
 
 A process that finished its command marks itself done (`mark_done`), so that the others,
 still saving their last checkpoint, never take it for lost.

@@ -11,7 +11,8 @@ import ml_collections
 from simplified_flax.training import checkpoints as checkpoint
 from simplified_flax.training import mlm_metrics
 from simplified_flax.training import placement as parallel
-from simplified_flax.training.step import create_train_state, eval_step, param_shapes
+from simplified_flax.model.parameters import parameter_shapes
+from simplified_flax.training.step import create_train_state, eval_step
 
 CONFIG_FILE = "config.json"
 
@@ -63,7 +64,7 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
                           abstract)
   manager = checkpoint.open_read_only(workdir)
   try:
-    restored = checkpoint.restore_latest(manager, target, config.to_dict(), param_shapes,
+    restored = checkpoint.restore_latest(manager, target, config.to_dict(), parameter_shapes,
                                          workdir, set_aside=False, step=step)
   finally:
     manager.close()

@@ -14,7 +14,6 @@ import threading
 
 from etils import epath
 import jax
-import numpy as np
 
 from simplified_flax.training import checkpoints as checkpoint
 from simplified_flax.training import config_checks
@@ -26,9 +25,10 @@ from simplified_flax.training import rewind
 from simplified_flax.training import workdir_lock
 from simplified_flax.training.nonfinite import NonFiniteLossError
 from simplified_flax.training.evaluation import CONFIG_FILE, run_eval
+from simplified_flax.model.parameters import parameter_shapes, size
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,
-                                        diagnostics_step, eval_step, param_shapes, train_step)
+                                        diagnostics_step, eval_step, train_step)
 
 __all__ = ["create_train_state", "train_step", "eval_step", "diagnostics_step",
            "train_and_evaluate", "TrainState", "StepSpec", "NonFiniteLossError"]
@@ -119,7 +119,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   placement.check_batch_size()
   state = create_train_state(config, jax.random.PRNGKey(config.seed), mesh=placement.mesh,
                              model=model)
-  _console(f"Model: {_num_params(state.params):,} parameters on {jax.device_count()} devices "
+  _console(f"Model: {size(state.params):,} parameters on {jax.device_count()} devices "
            f"({f'mesh {dict(placement.mesh.shape)}' if placement.mesh else 'pmap'}).")
 
   # ----------------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   restored = None
   if rewind_to != 0:   # 0: start over, so nothing to restore
     restored = checkpoint.restore_latest(manager, placement.restore_target(abstract_state),
-                                         config_dict, param_shapes, workdir, step=rewind_to)
+                                         config_dict, parameter_shapes, workdir, step=rewind_to)
   if rewind_to is not None:   # only once the step to rewind to has read back intact
     rewind.set_aside(workdir, manager, rewind_to, later_steps)
   start_step, elapsed, data_state = 0, 0.0, None
@@ -167,7 +167,8 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   # device only to log, evaluate or checkpoint.
   # ----------------------------------------------------------------------------------------
   writer = metrics_io.make_writer(workdir, tensorboard)
-  progress = metrics_io.Progress(config.num_train_steps, start_step, tokens_per_step, elapsed)
+  progress = metrics_io.Progress(total_steps=config.num_train_steps, start_step=start_step,
+                                 tokens_per_step=tokens_per_step, elapsed_before=elapsed)
   stop = _StopRequest(manager)
   pending: list[tuple[int, dict]] = []   # (step, device metrics) not read yet
   pending_diagnostics: list[tuple[int, dict]] = []   # (step, diagnostics) not read yet
@@ -261,6 +262,3 @@ def _diagnostics_step(config, model):
   return functools.partial(diagnostics_step,
                            apply_fn=build_model(explicit, dtype=config.dtype).apply)
 
-
-def _num_params(params) -> int:
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))

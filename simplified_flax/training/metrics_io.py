@@ -7,8 +7,8 @@
     {"step": 250, "eval_loss": 2.9, "eval_perplexity": 18.2}
     {"step": 500, "kurtosis/layer_0": 0.4, "attn_entropy/layer_0": 2.1, "gain/h_0/...": 0.9}
 
-(the last kind every `config.diagnostics_every` steps: the per-layer signal-propagation
-diagnostics of the paper's Section 5 / Appendix, see README "Diagnostics during training").
+(the last kind every `config.diagnostics_every` steps: the signal-propagation diagnostics, per
+layer.)
 
 On resume, rows after the restored step (written by the run that died) are dropped, so the
 file reads as one uninterrupted run. Only process 0 writes. Every file goes through
@@ -168,7 +168,7 @@ def make_writer(workdir: str, tensorboard: bool = True) -> MultiWriter:
 class Progress:
   """Throughput, elapsed time and ETA between successive `update` calls."""
 
-  def __init__(self, total_steps: int, start_step: int, tokens_per_step: int,
+  def __init__(self, *, total_steps: int, start_step: int, tokens_per_step: int,
                elapsed_before: float = 0.0):
     self.total_steps = total_steps
     self.tokens_per_step = tokens_per_step

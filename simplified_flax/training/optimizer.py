@@ -1,4 +1,5 @@
-"""The optimiser of SPEC §6, built from the config by small pure functions.
+"""The paper's optimiser (docs/model.md, "Training settings"), built from the config by small
+pure functions.
 
     tx = make_optimizer(config)      # clip_by_global_norm -> AdamW(schedule, decay_mask)
 

@@ -1,4 +1,4 @@
-"""Where the computation runs: jax.distributed start-up, the mesh, shardings, pmap mode, feeding.
+"""Where the computation runs: the mesh, shardings, pmap mode, feeding.
 
 Two modes run the same pure step functions (`config.parallel.mode`):
 
@@ -10,77 +10,30 @@ Two modes run the same pure step functions (`config.parallel.mode`):
   axis, the local batch is reshaped to [devices, rows per device, ...] and the step averages
   with `lax.pmean` over the "batch" axis.
 
-`Placement` hides the difference from the training loop: it shards a fresh state, places
-batches, compiles the steps and gives back a single host copy of the state for checkpoints.
+`Placement.from_config` picks `JitPlacement` or `PmapPlacement` once; both hide the mode from
+the training loop: they shard a fresh state, place batches, compile the steps and give back a
+single host copy of the state for checkpoints.
 """
+import abc
 import dataclasses
-import os
 import queue
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
-from absl import flags
-from absl import logging
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from simplified_flax.training import distributed_failure
-
 DATA, FSDP = "data", "fsdp"
 PMAP_AXIS = "batch"
 # Leaves smaller than this stay replicated under FSDP: sharding them saves nothing.
 MIN_FSDP_SHARD_SIZE = 2 ** 14
-# JAX's own verdict on a silent process: the backstop behind distributed_failure's watchdog,
-# which ends the survivors sooner and with one line (README, "Errors and exit statuses").
-HEARTBEAT_TIMEOUT_S = 25
 
 
 # ------------------------------------------------------------------------------------------
-# Multi-process start-up.
+# Multi-process set-up (joining the run: distributed.py).
 # ------------------------------------------------------------------------------------------
-def define_distributed_flags() -> None:
-  """absl flags of `initialize_distributed` (call once, before `app.run`)."""
-  flags.DEFINE_string("coordinator_address", None,
-                      "host:port of process 0 for a multi-process run "
-                      "(env JAX_COORDINATOR_ADDRESS).")
-  flags.DEFINE_integer("num_processes", None, "Processes in the run (env JAX_NUM_PROCESSES).")
-  flags.DEFINE_integer("process_id", None, "This process's index (env JAX_PROCESS_ID).")
-  flags.DEFINE_bool("distributed", False,
-                    "Call jax.distributed.initialize() even without the flags above, letting "
-                    "JAX detect the cluster (Cloud TPU pods, SLURM, Open MPI).")
-
-
-def initialize_distributed(coordinator_address: str | None = None,
-                           num_processes: int | None = None, process_id: int | None = None,
-                           auto: bool = False) -> bool:
-  """Joins a multi-process run; returns whether one was joined. Call before any JAX work.
-
-  Arguments left None fall back to the environment (JAX_COORDINATOR_ADDRESS,
-  JAX_NUM_PROCESSES, JAX_PROCESS_ID), then to JAX's cluster auto-detection. With none of
-  them and `auto=False` this is a single-process run and nothing happens. CPU processes
-  exchange collectives through gloo.
-  """
-  env = os.environ
-  coordinator_address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
-  if num_processes is None and "JAX_NUM_PROCESSES" in env:
-    num_processes = int(env["JAX_NUM_PROCESSES"])
-  if process_id is None and "JAX_PROCESS_ID" in env:
-    process_id = int(env["JAX_PROCESS_ID"])
-  if not auto and coordinator_address is None and num_processes is None:
-    return False
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id,
-                             heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
-  distributed_failure.start_watchdog()
-  logging.info("Joined a run of %d processes as process %d (%d local / %d global devices).",
-               jax.process_count(), jax.process_index(), jax.local_device_count(),
-               jax.device_count())
-  return True
-
-
 def primary_first(fn: Callable[[], Any], name: str) -> Any:
   """`fn()` on process 0, then, after a barrier, on the other processes.
 
@@ -146,27 +99,27 @@ def global_batch(local_batch: dict, mesh: Mesh, global_rows: int) -> dict:
 # The two modes behind one interface.
 # ------------------------------------------------------------------------------------------
 @dataclasses.dataclass
-class Placement:
-  """Runs pure `step(state, batch)` functions in `mode` ("jit" or "pmap")."""
-  mode: str
+class Placement(abc.ABC):
+  """Runs pure `step(state, batch)` functions on the devices; the mode is decided once.
+
+  `from_config` returns a `JitPlacement` or a `PmapPlacement`; the loop only calls the
+  methods below, never asks which one it holds (beyond logging `mode`).
+  """
   global_rows: int               # config.batch_size
-  mesh: Mesh | None = None       # "jit" only
+  mesh: Mesh | None = None       # JitPlacement only
+  mode: ClassVar[str]
+  axis_name: ClassVar[str | None]   # the collective axis the step functions reduce over
 
-  @classmethod
-  def from_config(cls, config) -> "Placement":
-    mode = config.parallel.mode
+  @staticmethod
+  def from_config(config) -> "Placement":
+    mode, fsdp = config.parallel.mode, config.parallel.fsdp
     if mode == "jit":
-      return cls(mode, config.batch_size, make_mesh(config.parallel.fsdp))
+      return JitPlacement(config.batch_size, make_mesh(fsdp))
     if mode == "pmap":
-      if config.parallel.fsdp != 1:
-        raise ValueError(f"parallel.fsdp={config.parallel.fsdp} needs parallel.mode='jit'.")
-      return cls(mode, config.batch_size)
+      if fsdp != 1:
+        raise ValueError(f"parallel.fsdp={fsdp} needs parallel.mode='jit'.")
+      return PmapPlacement(config.batch_size)
     raise ValueError(f"parallel.mode={mode!r} is unknown: use 'jit' or 'pmap'.")
-
-  @property
-  def axis_name(self) -> str | None:
-    """The collective axis the step functions reduce over (None under jit: XLA does it)."""
-    return PMAP_AXIS if self.mode == "pmap" else None
 
   def check_batch_size(self) -> None:
     devices = jax.device_count()
@@ -174,35 +127,83 @@ class Placement:
       raise ValueError(f"batch_size={self.global_rows} must be divisible by the "
                        f"{devices} devices.")
 
-  # -- state ---------------------------------------------------------------------------------
+  @abc.abstractmethod
   def shard_state(self, state):
     """A single-copy state (host or device) -> the state the compiled step expects."""
-    if self.mode == "jit":
-      return jax.device_put(state, state_shardings(state, self.mesh))
+
+  @abc.abstractmethod
+  def host_state(self, state):
+    """One copy of the state for checkpointing."""
+
+  @abc.abstractmethod
+  def restore_target(self, abstract_state):
+    """Shape/dtype/sharding of every leaf as checkpoint restore should produce it."""
+
+  @abc.abstractmethod
+  def place_batch(self, local_batch: dict) -> dict:
+    """This process's rows -> what the compiled step takes (may run on a feeder thread)."""
+
+  @abc.abstractmethod
+  def compile_step(self, step_fn: Callable, abstract_state,
+                   returns_state: bool = True) -> Callable:
+    """`step_fn(state, batch, axis_name=None)` compiled as `f(state, batch)`.
+
+    `returns_state`: the step returns `(new_state, outputs)` and the old state is donated
+    (training); otherwise it returns outputs only (evaluation).
+    """
+
+  @abc.abstractmethod
+  def host_metrics(self, metrics):
+    """Device metrics -> host numpy scalars."""
+
+
+class JitPlacement(Placement):
+  """One `jax.jit` over the (data, fsdp) mesh; the state is global arrays throughout."""
+  mode = "jit"
+  axis_name = None   # XLA inserts the collectives
+
+  def shard_state(self, state):
+    return jax.device_put(state, state_shardings(state, self.mesh))
+
+  def host_state(self, state):
+    return state   # global arrays: Orbax saves each shard from its process
+
+  def restore_target(self, abstract_state):
+    return _with_shardings(abstract_state, state_shardings(abstract_state, self.mesh))
+
+  def place_batch(self, local_batch: dict) -> dict:
+    return global_batch(local_batch, self.mesh, self.global_rows)
+
+  def compile_step(self, step_fn, abstract_state, returns_state=True):
+    """The state keeps the shardings of `abstract_state`; outputs are replicated."""
+    shardings = state_shardings(abstract_state, self.mesh)
+    replicated = NamedSharding(self.mesh, P())
+    return jax.jit(step_fn, in_shardings=(shardings, batch_sharding(self.mesh)),
+                   out_shardings=(shardings, replicated) if returns_state else replicated,
+                   donate_argnums=(0,) if returns_state else ())
+
+  def host_metrics(self, metrics):
+    return jax.device_get(metrics)
+
+
+class PmapPlacement(Placement):
+  """`jax.pmap` over the local devices; every leaf carries a leading device axis."""
+  mode = "pmap"
+  axis_name = PMAP_AXIS
+
+  def shard_state(self, state):
     n = jax.local_device_count()
     return jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (n,) + np.shape(x)), state)
 
   def host_state(self, state):
-    """One copy of the state for checkpointing: global arrays (jit) or host numpy (pmap)."""
-    if self.mode == "jit":
-      return state
     return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))[0], state)
 
   def restore_target(self, abstract_state):
-    """Shape/dtype/sharding of every leaf as checkpoint restore should produce it."""
-    if self.mode == "jit":
-      shardings = state_shardings(abstract_state, self.mesh)
-    else:
-      device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-      shardings = jax.tree.map(lambda _: device, abstract_state)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        abstract_state, shardings)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return _with_shardings(abstract_state, jax.tree.map(lambda _: device, abstract_state))
 
-  # -- batches -------------------------------------------------------------------------------
   def place_batch(self, local_batch: dict) -> dict:
-    """This process's rows -> what the compiled step takes (may run on a feeder thread)."""
-    if self.mode == "jit":
-      return global_batch(local_batch, self.mesh, self.global_rows)
+    """[rows, ...] -> [devices, rows per device, ...]."""
     n = jax.local_device_count()
 
     def split(x):
@@ -213,31 +214,19 @@ class Placement:
 
     return {k: split(v) for k, v in local_batch.items()}
 
-  # -- steps ---------------------------------------------------------------------------------
-  def compile_step(self, step_fn: Callable, abstract_state,
-                   returns_state: bool = True) -> Callable:
-    """`step_fn(state, batch, axis_name=None)` as a jitted or pmapped `f(state, batch)`.
-
-    `returns_state`: the step returns `(new_state, outputs)` and the old state is donated
-    (training); otherwise it returns outputs only (evaluation). Under jit the state keeps the
-    shardings of `abstract_state` (a single-copy state) and the outputs are replicated.
-    """
-    donate = (0,) if returns_state else ()
-    if self.mode == "pmap":
-      return jax.pmap(lambda s, b: step_fn(s, b, axis_name=PMAP_AXIS), axis_name=PMAP_AXIS,
-                      donate_argnums=donate)
-    shardings = state_shardings(abstract_state, self.mesh)
-    replicated = NamedSharding(self.mesh, P())
-    return jax.jit(step_fn, in_shardings=(shardings, batch_sharding(self.mesh)),
-                   out_shardings=(shardings, replicated) if returns_state else replicated,
-                   donate_argnums=donate)
+  def compile_step(self, step_fn, abstract_state, returns_state=True):
+    del abstract_state   # replicated along the device axis
+    return jax.pmap(lambda s, b: step_fn(s, b, axis_name=PMAP_AXIS), axis_name=PMAP_AXIS,
+                    donate_argnums=(0,) if returns_state else ())
 
   def host_metrics(self, metrics):
-    """Device metrics -> host numpy scalars (the first replica under pmap)."""
-    metrics = jax.device_get(metrics)
-    if self.mode == "pmap":
-      return jax.tree.map(lambda x: np.asarray(x)[0], metrics)
-    return metrics
+    """The first replica's (the step averaged them with `lax.pmean`)."""
+    return jax.tree.map(lambda x: np.asarray(x)[0], jax.device_get(metrics))
+
+
+def _with_shardings(abstract_state, shardings):
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      abstract_state, shardings)
 
 
 # ------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
     for tokens_BT in batches:
       state, metrics = train(state, {"inputs": tokens_BT})         # {"loss", "grad_norm", ...}
     sums = jax.jit(eval_step)(state, batch)                        # {"loss_sum", "weight_sum"}
-    diag = jax.jit(diagnostics_step)(state, batch)                 # SPEC §7 scalars
+    diag = jax.jit(diagnostics_step)(state, batch)                 # diagnostics scalars
 
 A decoder batch is {"inputs": int32[B, T]} (+ optional "segment_ids"); an encoder batch adds
 "targets", "weights" (+ optional "key_mask"). Both steps are pure and jittable; under
@@ -101,7 +101,7 @@ def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
   return jax.jit(init, out_shardings=parallel.state_shardings(abstract, mesh))(rng)
 
 
-def _logits(state: TrainState, params, batch: dict, train: bool, key) -> jax.Array:
+def _logits(state: TrainState, params, batch: dict, *, train: bool, key) -> jax.Array:
   variables = {"params": params, **state.constants}
   return state.apply_fn(variables, batch["inputs"], segment_ids=batch.get("segment_ids"),
                         key_mask=batch.get("key_mask"), train=train,
@@ -123,7 +123,8 @@ def train_step(state: TrainState, batch: dict,
 
   def sum_grad_fn(params, micro_batch, index):
     def loss_fn(p):
-      logits_BTV = _logits(state, p, micro_batch, True, jax.random.fold_in(step_key, index))
+      logits_BTV = _logits(state, p, micro_batch, train=True,
+                           key=jax.random.fold_in(step_key, index))
       sums = losses.loss_sums(logits_BTV, micro_batch, state.spec.kind)
       return sums["loss_sum"], sums
     (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -148,7 +149,7 @@ def eval_step(state: TrainState, batch: dict,
               axis_name: str | None = None) -> dict[str, jax.Array]:
   """Summed loss and scored-token count of `batch` (over all devices under pmap); for the
   encoder also the count of masked tokens predicted exactly ("correct_sum")."""
-  logits_BTV = _logits(state, state.params, batch, False, None)
+  logits_BTV = _logits(state, state.params, batch, train=False, key=None)
   sums = losses.loss_sums(logits_BTV, batch, state.spec.kind)
   if state.spec.kind == "encoder":
     sums = {**sums, **mlm_metrics.correct_sums(logits_BTV, batch)}
@@ -159,8 +160,8 @@ def eval_step(state: TrainState, batch: dict,
 
 def diagnostics_step(state: TrainState, batch: dict, axis_name: str | None = None,
                      apply_fn: Callable | None = None) -> dict[str, jax.Array]:
-  """The SPEC §7 diagnostics of the current parameters on `batch` (one forward pass, no update):
-  `diagnostics.collect` of the sown intermediates, e.g. {"kurtosis/layer_0": f32[], ...}.
+  """The signal-propagation diagnostics of the current parameters on `batch` (one forward pass,
+  no update): `diagnostics.collect` of the sown intermediates, e.g. {"kurtosis/layer_0": f32[]}.
 
   `apply_fn` (default `state.apply_fn`) may be the same model on the explicit attention path,
   whose softmax probabilities give the attention entropy (the fused path sows none). Under
@@ -172,14 +173,3 @@ def diagnostics_step(state: TrainState, batch: dict, axis_name: str | None = Non
                         segment_ids=batch.get("segment_ids"), key_mask=batch.get("key_mask"),
                         train=False, mutable=["intermediates"])
   return diagnostics.collect(mutated["intermediates"], state.params)
-
-
-def param_shapes(config_dict: dict) -> dict[str, tuple[int, ...]]:
-  """{parameter path: shape} of the model a config dict describes (shape-only, no compute)."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
-  model_cfg = ml_collections.ConfigDict(config_dict["model"])
-  model = build_model(model_cfg, dtype=config_dict.get("dtype", "float32"))
-  tokens_BT = jnp.zeros((1, model_cfg.context_length), jnp.int32)
-  variables = jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0)}, tokens_BT))
-  return {jax.tree_util.keystr(p): tuple(x.shape)
-          for p, x in jax.tree_util.tree_leaves_with_path(variables["params"])}

@@ -1,0 +1,52 @@
+"""Joining a multi-process run (`jax.distributed`), from flags or the environment."""
+import os
+
+from absl import flags
+from absl import logging
+import jax
+
+from simplified_flax.training import distributed_failure
+
+# JAX's own verdict on a silent process: the backstop behind distributed_failure's watchdog,
+# which ends the survivors sooner and with one line (README, "Errors and exit statuses").
+HEARTBEAT_TIMEOUT_S = 25
+
+def define_distributed_flags() -> None:
+  """absl flags of `initialize_distributed` (call once, before `app.run`)."""
+  flags.DEFINE_string("coordinator_address", None,
+                      "host:port of process 0 for a multi-process run "
+                      "(env JAX_COORDINATOR_ADDRESS).")
+  flags.DEFINE_integer("num_processes", None, "Processes in the run (env JAX_NUM_PROCESSES).")
+  flags.DEFINE_integer("process_id", None, "This process's index (env JAX_PROCESS_ID).")
+  flags.DEFINE_bool("distributed", False,
+                    "Call jax.distributed.initialize() even without the flags above, letting "
+                    "JAX detect the cluster (Cloud TPU pods, SLURM, Open MPI).")
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None, process_id: int | None = None,
+                           auto: bool = False) -> bool:
+  """Joins a multi-process run; returns whether one was joined. Call before any JAX work.
+
+  Arguments left None fall back to the environment (JAX_COORDINATOR_ADDRESS,
+  JAX_NUM_PROCESSES, JAX_PROCESS_ID), then to JAX's cluster auto-detection. With none of
+  them and `auto=False` this is a single-process run and nothing happens. CPU processes
+  exchange collectives through gloo.
+  """
+  env = os.environ
+  coordinator_address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
+  if num_processes is None and "JAX_NUM_PROCESSES" in env:
+    num_processes = int(env["JAX_NUM_PROCESSES"])
+  if process_id is None and "JAX_PROCESS_ID" in env:
+    process_id = int(env["JAX_PROCESS_ID"])
+  if not auto and coordinator_address is None and num_processes is None:
+    return False
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id,
+                             heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+  distributed_failure.start_watchdog()
+  logging.info("Joined a run of %d processes as process %d (%d local / %d global devices).",
+               jax.process_count(), jax.process_index(), jax.local_device_count(),
+               jax.device_count())
+  return True

@@ -1,0 +1,46 @@
+"""`model.grad_rules`: the speed-only gradient rules give autodiff's gradients, and "off" is
+plain autodiff."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import tiny_config
+from simplified_flax.model import checks
+from simplified_flax.model import grad_rules
+from simplified_flax.model import transformer
+
+
+def _loss_and_jaxpr(variant: str, mode: str):
+  config = tiny_config(variant, grad_rules=mode)
+  model = transformer.build_model(config.model)
+  tokens_BT = jax.random.randint(jax.random.key(0), (2, 16), 0, config.model.vocab_size)
+  variables = model.init(jax.random.key(1), tokens_BT)
+
+  def loss(params):
+    logits_BTV = model.apply({**variables, "params": params}, tokens_BT)
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits_BTV[:, :-1], tokens_BT[:, 1:]).mean()
+
+  # The rules show in the loss's own jaxpr (its gradient's has them already applied).
+  return jax.grad(loss)(variables["params"]), str(jax.make_jaxpr(loss)(variables["params"]))
+
+
+@pytest.mark.parametrize("variant", ["sas_p", "preln"])
+def test_rules_on_and_off_give_the_same_gradients(variant):
+  grads_on, jaxpr_on = _loss_and_jaxpr(variant, "on")
+  grads_off, jaxpr_off = _loss_and_jaxpr(variant, "off")
+  assert "custom_jvp_call" in jaxpr_on          # the rules are really used ...
+  assert "custom_jvp_call" not in jaxpr_off     # ... and "off" is plain autodiff
+  assert jax.tree.structure(grads_on) == jax.tree.structure(grads_off)
+  for on, off in zip(jax.tree.leaves(grads_on), jax.tree.leaves(grads_off)):
+    np.testing.assert_allclose(on, off, rtol=1e-4, atol=1e-6)
+
+
+def test_auto_follows_the_backend_and_a_bad_mode_is_refused():
+  assert grad_rules.enabled("auto") == (jax.default_backend() == "cpu")
+  assert grad_rules.enabled("on") and not grad_rules.enabled("off")
+  with pytest.raises(checks.ConfigError, match=r"model.grad_rules='fast' is unknown"):
+    checks.validate_model_config(tiny_config("preln", grad_rules="fast").model)
+  assert grad_rules.matmul("off") is jnp.dot
