@@ -25,7 +25,6 @@ Expected on one H200: about 6 minutes in all; every equality within tolerance.
 """
 import argparse
 import datetime
-import json
 import os
 import sys
 import time

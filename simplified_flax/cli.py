@@ -123,7 +123,7 @@ def unknown_override(argv: Sequence[str]) -> UnknownOverrideError | None:
         continue
       close = difflib.get_close_matches(path, sorted(fields), n=1, cutoff=0.6)
       fix = (f"did you mean --{flag_name}.{close[0]}?" if close else
-             f"see the config file for the field names.")
+             "see the config file for the field names.")
       return UnknownOverrideError(f"--{flag_name}.{path}: the config has no field '{path}'; "
                                   f"{fix}")
   return None

@@ -145,7 +145,8 @@ class RandomMLMPipeline:
                            first_regular_id=TOK.first_regular_id)
     return dict(batch, key_mask=np.ones(tokens.shape, bool))
 
-  def train_iterator(self):
+  def train_iterator(self, prefetch=None):
+    del prefetch   # batches are made on demand
     return CheckpointableIterator(lambda k: map(self._batch, itertools.count(k)),
                                   {"random_mlm": T}, prefetch=0)
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from simplified_flax.data.prefetch import Prefetcher
 from simplified_flax.training import distributed
 from simplified_flax.training import placement as parallel
 
@@ -58,7 +59,7 @@ def test_single_process_needs_no_distributed_start(monkeypatch):
 
 def test_prefetcher_keeps_order_and_tags():
   source = (({"x": i}, {"drawn": i + 1}) for i in range(5))
-  feeder = parallel.Prefetcher(source, lambda b: b["x"] * 10, size=2)
+  feeder = Prefetcher(source, transform=lambda item: (item[0]["x"] * 10, item[1]), depth=2)
   assert list(feeder) == [(i * 10, {"drawn": i + 1}) for i in range(5)]
   feeder.close()
 
@@ -68,12 +69,12 @@ def test_prefetcher_reraises_source_errors_and_stops():
     yield {"x": 1}, None
     raise RuntimeError("corpus vanished")
 
-  feeder = parallel.Prefetcher(source(), lambda b: b, size=1)
+  feeder = Prefetcher(source(), depth=1)
   assert next(feeder)[0] == {"x": 1}
   with pytest.raises(RuntimeError, match="corpus vanished"):
     next(feeder)
   feeder.close()
-  infinite = parallel.Prefetcher((({"x": 0}, None) for _ in iter(int, 1)), lambda b: b, 1)
+  infinite = Prefetcher((({"x": 0}, None) for _ in iter(int, 1)), depth=1)
   next(infinite)
   infinite.close()
-  assert not any(t.name == "prefetch" and t.is_alive() for t in threading.enumerate())
+  assert not any(t.name == "data-prefetch" and t.is_alive() for t in threading.enumerate())

@@ -15,6 +15,7 @@ import threading
 from etils import epath
 import jax
 
+from simplified_flax.data.prefetch import Prefetcher
 from simplified_flax.training import checkpoints as checkpoint
 from simplified_flax.training import config_checks
 from simplified_flax.training import data_preflight
@@ -156,11 +157,14 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   if config.diagnostics_every > 0:
     diagnostics_fn = placement.compile_step(_diagnostics_step(config, model), abstract_state,
                                             returns_state=False)
-  iterator = pipeline.train_iterator()
+  iterator = pipeline.train_iterator(prefetch=0)   # `feeder` is the one prefetch thread
   if data_state:
     iterator.set_state(data_state)
-  feeder = parallel.Prefetcher(((next(iterator), iterator.get_state())
-                                for _ in itertools.count()), placement.place_batch)
+  # Each batch travels with the iterator state after it, so a checkpoint records the data
+  # position of the step it saves, however far ahead the thread runs.
+  feeder = Prefetcher(((next(iterator), iterator.get_state()) for _ in itertools.count()),
+                      transform=lambda item: (placement.place_batch(item[0]), item[1]),
+                      depth=max(config.data.prefetch, 1))
 
   # ----------------------------------------------------------------------------------------
   # Loop. Step s dispatches before step s-1's metrics are read; the host waits for the

@@ -1,4 +1,4 @@
-"""Where the computation runs: the mesh, shardings, pmap mode, feeding.
+"""Where the computation runs: the mesh, shardings, pmap mode, placing batches.
 
 Two modes run the same pure step functions (`config.parallel.mode`):
 
@@ -16,9 +16,7 @@ single host copy of the state for checkpoints.
 """
 import abc
 import dataclasses
-import queue
-import threading
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar
 
 import jax
 import numpy as np
@@ -227,58 +225,3 @@ class PmapPlacement(Placement):
 def _with_shardings(abstract_state, shardings):
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       abstract_state, shardings)
-
-
-# ------------------------------------------------------------------------------------------
-# Feeding: a background thread keeps `size` placed batches ready.
-# ------------------------------------------------------------------------------------------
-class Prefetcher:
-  """Iterates `(place(batch), tag)` for `(batch, tag)` of `source`, `size` items ahead.
-
-  `tag` travels with its batch (the loop uses the data iterator's state after that batch), so
-  what the loop checkpoints matches what it trained on, however far ahead the thread runs.
-  Errors in the thread re-raise in the consumer. Call `close()` when done.
-  """
-
-  _END = object()
-
-  def __init__(self, source: Iterator[tuple[dict, Any]], place: Callable[[dict], Any],
-               size: int = 2):
-    self._queue: queue.Queue = queue.Queue(maxsize=size)
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, args=(source, place), daemon=True,
-                                    name="prefetch")
-    self._thread.start()
-
-  def _put(self, item) -> bool:
-    while not self._stop.is_set():
-      try:
-        self._queue.put(item, timeout=0.1)
-        return True
-      except queue.Full:
-        continue
-    return False
-
-  def _run(self, source, place):
-    try:
-      for batch, tag in source:
-        if not self._put((place(batch), tag)):
-          return
-      self._put(self._END)
-    except BaseException as e:  # pylint: disable=broad-except
-      self._put(e)
-
-  def __iter__(self):
-    return self
-
-  def __next__(self):
-    item = self._queue.get()
-    if item is self._END:
-      raise StopIteration
-    if isinstance(item, BaseException):
-      raise item
-    return item
-
-  def close(self) -> None:
-    self._stop.set()
-    self._thread.join(timeout=10)
