@@ -1,18 +1,9 @@
-"""GLUE fine-tuning of a pretrained encoder: the paper's recipe, one task per run.
+"""GLUE fine-tuning of a pretrained encoder, one task per run: the recipe
+(`finetune_defaults`), the jitted steps and the loop, `finetune(pretrained_workdir, task)`.
 
-    python -m simplified_flax.finetune --config=configs/bert_sas_p.py \\
-        --pretrained_workdir=DIR --task=sst2 [--workdir=OUT] [--finetune.epochs=5 ...]
-
-`--config` is the pretraining config (omit it to use `DIR/config.json`); it must give the
-checkpoint's parameter shapes. The recipe (`finetune_defaults`, every field a flag
-`--finetune.<field>`): 5 epochs, batch 32, AdamW at peak lr 1.5e-4 with 10% linear warm-up
-then linear decay, dropout 0.1 in the encoder and the head; betas, eps and clipping stay the
-pretraining ones. After every epoch each validation split is scored with the task's metrics.
-
-Writes to OUT (default `DIR/glue/<task>`): `metrics.jsonl` (loss rows every
-`log_every_steps`, one row per epoch with `<split>/<metric>` and `score`), and `result.json`
-with the last epoch's metrics and score (the number that enters the GLUE average; see
-glue.py). A NaN or infinite loss stops the run with NonFiniteLossError (training/nonfinite.py).
+The command line, what it writes and the recipe in words are in `simplified_flax/finetune.py`
+(`python -m simplified_flax.finetune --help`). A NaN or infinite loss stops the run with
+NonFiniteLossError (training/nonfinite.py).
 """
 import copy
 import functools
