@@ -17,10 +17,12 @@ CHILD = textwrap.dedent('''
 
     import jax, numpy as np
     import configs
-    from simplified_flax import benchmark, sample, evaluate    # entry points a user runs
+    from simplified_flax import benchmark, evaluate, prepare, sample, train  # entry points
+    import simplified_flax.data   # noqa: F401  (tf and tfds only inside the tfds corpus reader)
     from simplified_flax.model import decode                   # noqa: F401
     from simplified_flax.training import checkpoints, metrics_io
-    from simplified_flax.training.step import create_train_state, param_shapes, train_step
+    from simplified_flax.model.parameters import parameter_shapes
+    from simplified_flax.training.step import create_train_state, train_step
 
     workdir = sys.argv[1]
     config = configs.load("sas_p:cpu", {"model.n_layer": 2, "model.n_embd": 32,
@@ -39,7 +41,7 @@ CHILD = textwrap.dedent('''
     checkpoints.save(manager, 1, state, {}, config_dict, {})
     manager.wait_until_finished()
     target = jax.eval_shape(lambda s: s, state)
-    restored = checkpoints.restore_latest(manager, target, config_dict, param_shapes, workdir)
+    restored = checkpoints.restore_latest(manager, target, config_dict, parameter_shapes, workdir)
     manager.close()
     assert restored.step == 1
     for a, b in zip(jax.tree.leaves(restored.state), jax.tree.leaves(state)):
