@@ -15,6 +15,8 @@ request in the loop does (README, "Errors and exit statuses").
 """
 import difflib
 import errno
+import logging as std_logging
+import os
 import signal
 import sys
 import traceback
@@ -42,7 +44,31 @@ def start(argv: Sequence[str]) -> flags.FlagValues:
                          "(see --help).", exitcode=USAGE_ERROR)
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
+  if not (VERBOSE_FLAG in flags.FLAGS and flags.FLAGS[VERBOSE_FLAG].value):
+    logging.get_absl_handler().addFilter(_drop_orbax_background_tracebacks)
+    sys.excepthook = _without_closed_loop_reports(sys.excepthook)
   return flags.FLAGS
+
+
+def _drop_orbax_background_tracebacks(record: std_logging.LogRecord) -> bool:
+  """Orbax's save threads log the traceback of a failed write (a full disk: four of them,
+  300 lines, and asyncio more at exit) and the same error then reaches the main thread, which
+  `run` prints as one line; without --verbose, records whose traceback passes through Orbax
+  are dropped."""
+  if not record.exc_info or record.exc_info[2] is None:
+    return True
+  paths = [record.pathname] + [f.filename for f in traceback.extract_tb(record.exc_info[2])]
+  return not any(f"{os.sep}orbax{os.sep}" in path for path in paths)
+
+
+def _without_closed_loop_reports(excepthook):
+  """After such a failed write, tensorstore's completion callbacks still post to the event
+  loop Orbax has closed, and each report ("Event loop is closed") lands in sys.excepthook;
+  without --verbose they are dropped, everything else goes to `excepthook`."""
+  def hook(kind, value, tb):
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+      excepthook(kind, value, tb)
+  return hook
 
 
 def with_flag(overrides: dict, field: str, flag_value) -> dict:

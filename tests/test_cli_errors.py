@@ -82,7 +82,7 @@ def test_sigterm_during_start_up_exits_0_with_a_message(tmp_path):
   proc = subprocess.Popen([sys.executable, "-m", "simplified_flax.train",
                            "--config=configs/preln.py:cpu", f"--workdir={tmp_path / 'run'}"],
                           cwd=REPO, env=subprocess_env(), stderr=subprocess.PIPE, text=True)
-  time.sleep(1.0)   # importing JAX and TensorFlow: long before the first step
+  time.sleep(3.0)   # past the handler (the first import), long before the first step
   proc.send_signal(signal.SIGTERM)
   _, stderr = proc.communicate(timeout=120)
   assert proc.returncode == 0, stderr[-3000:]
@@ -104,3 +104,22 @@ def test_an_unprepared_tfds_dataset_without_network_fails_before_tfds_is_asked(t
   (tmp_path / "tfds" / "lm1b" / "1.1.0" / "dataset_info.json").write_text("{}")
   data_preflight.check_tfds_available(data)      # prepared: tfds reads it, no network needed
   assert not list((tmp_path / "tfds").glob("**/*.tmp"))
+
+
+def test_a_real_full_disk_during_a_save_is_one_line_and_the_earlier_state_stays(tmp_path):
+  """A 3 MiB tmpfs (needs root, as CI runs; skipped elsewhere) fills at the first checkpoint:
+  Orbax's background threads fail, and stderr still holds one line."""
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
+                    capture_output=True, check=False).returncode != 0:
+    pytest.skip("mounting a small tmpfs needs root")
+  try:
+    status, lines, _ = _train(disk / "run", "--config.model.n_layer=2",
+                              "--config.model.n_embd=128", "--config.model.n_head=2",
+                              "--config.num_train_steps=20", "--config.checkpoint_every_steps=10",
+                              "--config.eval_every_steps=0")
+  finally:
+    subprocess.run(["umount", str(disk)], check=False)
+  assert status == 1 and len(lines) == 1, lines[-40:]
+  assert "No space left on device" in lines[0] and "Free space" in lines[0]
