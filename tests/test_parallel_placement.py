@@ -65,6 +65,8 @@ def test_prefetcher_keeps_order_and_tags():
 
 
 def test_prefetcher_reraises_source_errors_and_stops():
+  others = set(threading.enumerate())   # other tests' iterators may still run theirs
+
   def source():
     yield {"x": 1}, None
     raise RuntimeError("corpus vanished")
@@ -77,4 +79,5 @@ def test_prefetcher_reraises_source_errors_and_stops():
   infinite = Prefetcher((({"x": 0}, None) for _ in iter(int, 1)), depth=1)
   next(infinite)
   infinite.close()
-  assert not any(t.name == "data-prefetch" and t.is_alive() for t in threading.enumerate())
+  assert not any(t.name == "data-prefetch" and t.is_alive()
+                 for t in set(threading.enumerate()) - others)
