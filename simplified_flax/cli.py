@@ -47,6 +47,7 @@ def start(argv: Sequence[str]) -> flags.FlagValues:
   if not (VERBOSE_FLAG in flags.FLAGS and flags.FLAGS[VERBOSE_FLAG].value):
     logging.get_absl_handler().addFilter(_drop_orbax_background_tracebacks)
     sys.excepthook = _without_closed_loop_reports(sys.excepthook)
+    sys.unraisablehook = _without_closed_loop_unraisable(sys.unraisablehook)
   return flags.FLAGS
 
 
@@ -61,13 +62,26 @@ def _drop_orbax_background_tracebacks(record: std_logging.LogRecord) -> bool:
   return not any(f"{os.sep}orbax{os.sep}" in path for path in paths)
 
 
+def _is_closed_loop_report(value: BaseException | None) -> bool:
+  return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+
+
 def _without_closed_loop_reports(excepthook):
   """After such a failed write, tensorstore's completion callbacks still post to the event
-  loop Orbax has closed, and each report ("Event loop is closed") lands in sys.excepthook;
-  without --verbose they are dropped, everything else goes to `excepthook`."""
+  loop Orbax has closed; without --verbose those reports ("Event loop is closed") are dropped
+  and every other exception goes to `excepthook`."""
   def hook(kind, value, tb):
-    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+    if not _is_closed_loop_report(value):
       excepthook(kind, value, tb)
+  return hook
+
+
+def _without_closed_loop_unraisable(unraisablehook):
+  """The same for the reports tensorstore's C++ threads raise as "unraisable" (a bare
+  traceback on stderr, one per pending write: 20-100 lines after a full disk)."""
+  def hook(unraisable):
+    if not _is_closed_loop_report(unraisable.exc_value):
+      unraisablehook(unraisable)
   return hook
 
 
@@ -88,7 +102,12 @@ def exit_on_sigterm() -> None:
     del signum, frame
     print("Stopped by SIGTERM outside the training loop: every completed checkpoint stays; "
           "rerun the same command to resume.", file=sys.stderr, flush=True)
-    raise SystemExit(0)
+    lock = sys.modules.get("simplified_flax.training.workdir_lock")
+    if lock is not None:
+      lock.release_held()
+    # Not SystemExit: unwinding an import or a start-up call in progress could crash Python
+    # or wait on its threads; nothing before the first step needs saving.
+    os._exit(0)
   signal.signal(signal.SIGTERM, stop)
 
 

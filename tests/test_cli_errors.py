@@ -104,3 +104,41 @@ def test_an_unprepared_tfds_dataset_without_network_fails_before_tfds_is_asked(t
   (tmp_path / "tfds" / "lm1b" / "1.1.0" / "dataset_info.json").write_text("{}")
   data_preflight.check_tfds_available(data)      # prepared: tfds reads it, no network needed
   assert not list((tmp_path / "tfds").glob("**/*.tmp"))
+
+
+def test_the_train_command_on_an_unprepared_tfds_dataset_without_network_ends_within_10_s(
+    tmp_path):
+  from simplified_flax.training import data_preflight  # pylint: disable=import-outside-toplevel
+  if data_preflight.network_reachable():
+    pytest.skip("this machine can reach the tfds download host")
+  status, lines, secs = _train(tmp_path / "run", "--config.data.name=lm1b",
+                               f"--config.data.tfds_data_dir={tmp_path / 'tfds'}")
+  assert status == 1 and len(lines) == 1 and "is not prepared in" in lines[0], lines[-20:]
+  assert secs <= 10, secs     # the whole command, start-up included (tfds alone retried 215 s)
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_real_full_disk_is_one_line_and_the_run_resumes_once_space_is_freed(tmp_path):
+  """An 8 MiB tmpfs (mounting needs root, as CI runs; skipped elsewhere) holds the checkpoint of
+  step 10 but not that of step 20: Orbax's background writes fail and tensorstore reports on
+  closed event loops, yet stderr holds one line; grown to 64 MiB ("space freed"), the same
+  command resumes from step 10 and finishes."""
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)],
+                    capture_output=True, check=False).returncode != 0:
+    pytest.skip("mounting a small tmpfs needs root")
+  args = ("--config.model.n_layer=2", "--config.model.n_embd=128", "--config.model.n_head=2",
+          "--config.num_train_steps=40", "--config.checkpoint_every_steps=10",
+          "--config.eval_every_steps=0")
+  try:
+    status, lines, _ = _train(disk / "run", *args)
+    assert status == 1 and len(lines) == 1, lines[-40:]
+    assert "No space left on device" in lines[0] and "Free space" in lines[0]
+    assert (disk / "run" / "checkpoints" / "10").is_dir()
+    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+    status, lines, _ = _train(disk / "run", *args)
+    assert status == 0, lines[-40:]
+    assert sorted(p.name for p in (disk / "run" / "checkpoints").iterdir())[-1] == "40"
+  finally:
+    subprocess.run(["umount", str(disk)], check=False)

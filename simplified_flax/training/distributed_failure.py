@@ -101,11 +101,11 @@ def _watch(index: int, count: int) -> None:
       pass   # the coordinator is gone: lost_processes names it
     lost = lost_processes(index, count)
     if lost and not _done.is_set():
-      stop(PeerLostError(_message(index, count, lost)))
+      stop(PeerLostError(message(index, count, lost)))
     _done.wait(HEARTBEAT_EVERY_S)
 
 
-def _message(index: int, count: int, lost: list[str]) -> str:
+def message(index: int, count: int, lost: list[str]) -> str:
   return (f"Lost {', '.join(lost)} of the {count}-process run; process {index} stops too. "
           f"Restart every process with the same command: the run resumes from the last "
           f"complete checkpoint.")
@@ -124,9 +124,9 @@ def explain(error: BaseException) -> PeerLostError | None:
   while time.time() < deadline:
     lost = lost_processes(index, count)
     if lost:
-      return PeerLostError(_message(index, count, lost))
+      return PeerLostError(message(index, count, lost))
     time.sleep(0.5)
-  return PeerLostError(_message(index, count, ["another process (a collective failed)"]))
+  return PeerLostError(message(index, count, ["another process (a collective failed)"]))
 
 
 def stop(error: PeerLostError, program: str = "simplified_flax") -> None:

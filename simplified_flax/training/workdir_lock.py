@@ -101,6 +101,15 @@ def _create(path: epath.Path, text: str) -> bool:
   return path.exists() and path.read_text() == text
 
 
+_held: set["WorkdirLock"] = set()   # the locks this process holds now
+
+
+def release_held() -> None:
+  """Releases every lock this process holds (for an exit that skips the `hold` context)."""
+  for lock in list(_held):
+    lock.release()
+
+
 class WorkdirLock:
   """Holds `<workdir>/lock.json` from `acquire()` to `release()`, with a heartbeat thread."""
 
@@ -121,6 +130,7 @@ class WorkdirLock:
         self._thread = threading.Thread(target=self._beat_loop, daemon=True,
                                         name="workdir-lock-heartbeat")
         self._thread.start()
+        _held.add(self)
         return
       current = _read_holder(lock)
       if current is None:
@@ -157,6 +167,7 @@ class WorkdirLock:
 
   def release(self) -> None:
     """Stops the heartbeat and removes the lock if this process still holds it."""
+    _held.discard(self)
     self._stop.set()
     if self._thread is not None:
       self._thread.join()
