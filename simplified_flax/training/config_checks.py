@@ -55,18 +55,16 @@ def _get(config, dotted: str):
 
 def validate_config(config) -> None:
   """Raises ConfigError for the first model, training, parallelism or optimiser field of
-  `config` that cannot work (no data or device rules); pure and cheap, like every check here."""
+  `config` that cannot work (no data or device rules). Pure and cheap, as every check here:
+  no file is read or written, no JAX computation runs."""
   checks.validate_model_config(config.model, require_vocab=False)
   _training_rules(config)
   _optimizer_rules(config)
 
 
 def validate_run_config(config, device_count: int | None = None) -> None:
-  """Raises ConfigError for the first field of `config` that cannot work.
-
-  `device_count` (default: none checked) is the number of devices the global batch is split
-  over. The checks are pure: no file is read or written, no JAX computation runs.
-  """
+  """Raises ConfigError for the first field of `config` that cannot work. `device_count`
+  (default: none checked) is the number of devices the global batch is split over."""
   validate_config(config)
   if device_count is not None:
     require(config.batch_size % device_count == 0,
