@@ -3,8 +3,9 @@
     A' = alpha * I + beta * A - gamma * C,       A = softmax(q k^T / sqrt(d) + mask),
 
 with per-head gains alpha = `skip_gain` (on I), beta = `resid_gain` (on A), gamma =
-`centre_gain` (on C). C is the value A takes when every logit is zero, i.e. the row-normalised
-mask, whatever the mask is (causal, padded, packed, offset queries: masks.py). Two exact forms:
+`centre_gain` (on C); a None alpha or gamma omits its term (plain attention). C is the value
+A takes when every logit is zero, i.e. the row-normalised mask, whatever the mask is (causal,
+padded, packed, offset queries: masks.py). Two exact forms:
   * `impl="explicit"` forms A' as a [B, H, Q, K] matrix (and can return A for diagnostics);
   * `impl="fused"` never forms C: `A' v = beta * (A v) + alpha * v - gamma * (C v)`, with
     `A v` from `jax.nn.dot_product_attention` and `C v` a (segment-wise) cumulative mean
@@ -35,16 +36,15 @@ def centering_matrix_from_mask(mask) -> jax.Array:
 
 def causal_centering_matrix(length: int, *, query_offset: int = 0, num_queries=None):
   """[Q, T]: C[i, j] = 1 / (p + 1) for j <= p, p = query_offset + i the absolute position."""
-  num_queries = length if num_queries is None else num_queries
-  mask = masks.attention_mask(num_queries, length, causal=True, query_offset=query_offset)
+  mask = masks.attention_mask(length if num_queries is None else num_queries, length,
+                              causal=True, query_offset=query_offset)
   return centering_matrix_from_mask(mask)[0, 0]
 
 
 def bidirectional_centering_matrix(key_mask_BT) -> jax.Array:
   """[B, T, T]: every row is 1/n on the n real (non-padding) keys of its sequence."""
-  T = key_mask_BT.shape[1]
-  mask = masks.attention_mask(T, T, causal=False, key_mask=key_mask_BT)
-  return centering_matrix_from_mask(mask)[:, 0]
+  no_segments_BT = jnp.zeros(key_mask_BT.shape, jnp.int32)
+  return packed_centering_matrix(no_segments_BT, causal=False, key_mask_BT=key_mask_BT)
 
 
 def packed_centering_matrix(segment_ids_BT, *, causal: bool, key_mask_BT=None) -> jax.Array:
@@ -55,7 +55,7 @@ def packed_centering_matrix(segment_ids_BT, *, causal: bool, key_mask_BT=None) -
   return centering_matrix_from_mask(mask)[:, 0]
 
 
-# ------------------------------------------------------------------------------ explicit
+# ---------------------------------------------------------------------- the explicit form: A'
 
 def attention_logits(q_BQHd, k_BKHd, *, logit_soft_cap=None) -> jax.Array:
   """float32 [B, H, Q, K] = q k^T / sqrt(d), optionally soft-capped cap*tanh(x/cap)."""
@@ -68,10 +68,9 @@ def attention_logits(q_BQHd, k_BKHd, *, logit_soft_cap=None) -> jax.Array:
 
 
 def shape_attention_matrix(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK):
-  """(A' = beta * A + alpha * I - gamma * C, A = softmax(logits)), both [B, H, Q, K].
+  """(A', A = softmax(logits)), both [B, H, Q, K]; gains [H] or None (term omitted).
 
-  Gains are per head [H] (beta = resid, alpha = skip, gamma = centre); a None gain omits its
-  term. `eye_QK` and `centre_QK` broadcast against the logits.
+  `eye_QK` (I) and `centre_QK` (C) broadcast against the logits.
   """
   probs_BHQK = jax.nn.softmax(logits_BHQK, axis=-1)
   per_head = lambda gain_H: gain_H.reshape(-1, 1, 1)
@@ -86,25 +85,7 @@ def shape_attention_matrix(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centr
 _fast_shape_attention_matrix = grad_rules.fast_gain_gradients(shape_attention_matrix)
 
 
-def _explicit(q, k, v, *, mask, resid_gain, skip_gain, centre_gain, query_offset,
-              logit_soft_cap, grad_rules_mode):
-  logits_BHQK = attention_logits(q, k, logit_soft_cap=logit_soft_cap)
-  logits_BHQK = jnp.where(mask, logits_BHQK, jnp.finfo(jnp.float32).min)
-  Tq, Tk, H = q.shape[1], k.shape[1], q.shape[2]
-  eye_QK = jnp.arange(Tk) == masks.query_positions(Tq, query_offset)[..., None]   # or [B, Q, K]
-  head_vector = lambda g: None if g is None else jnp.broadcast_to(
-      jnp.asarray(g, jnp.float32).reshape(-1), (H,))
-  shape = (_fast_shape_attention_matrix if grad_rules.enabled(grad_rules_mode)
-           else shape_attention_matrix)
-  shaped_BHQK, probs_BHQK = shape(
-      logits_BHQK=logits_BHQK, resid_H=head_vector(resid_gain), skip_H=head_vector(skip_gain),
-      centre_H=head_vector(centre_gain), eye_QK=eye_QK[..., None, :, :].astype(jnp.float32),
-      centre_QK=centering_matrix_from_mask(mask))
-  out_BQHd = jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v)
-  return out_BQHd, probs_BHQK
-
-
-# ------------------------------------------------------------------------------- fused
+# -------------------------------------------------------------- the fused form: never forms C
 
 def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, key_mask=None,
                    segment_ids=None) -> jax.Array:
@@ -131,58 +112,65 @@ def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, ke
   return masks.take_queries(mean_BKHd, num_queries, query_offset)
 
 
-def _fused(q, k, v, *, causal, key_mask, segment_ids, query_offset, resid_gain, skip_gain,
-           centre_gain):
-  Tq, Tk = q.shape[1], k.shape[1]
-  simple_causal = (causal and key_mask is None and segment_ids is None and Tq == Tk
-                   and jnp.ndim(query_offset) == 0)
-  mask = None
-  if not simple_causal and (causal or key_mask is not None or segment_ids is not None):
-    mask = masks.attention_mask(Tq, Tk, causal=causal, query_offset=query_offset,
-                                key_mask=key_mask, segment_ids=segment_ids)
-  attended_BQHd = attention_kernels.dot_product_attention(q, k, v, mask=mask,
-                                                         is_causal=simple_causal)
+def combine_fused_terms(attended_BQHd, resid, skip, v_self_BQHd, centre, centred_BQHd):
+  """`resid * (A v) + skip * v_self - centre * (C v)` [B, Q, H, d]: the fused form's sum (and
+  the KV cache's), in float32 in this order, cast to attended's (v's) dtype. Gains [H] or
+  scalars; None omits a term. `v_self` is v at the query positions (what I picks)."""
   gain = lambda g: jnp.asarray(g, jnp.float32).reshape(-1, 1)   # [H] -> broadcast over [.., H, d]
-  out_BQHd = gain(resid_gain) * attended_BQHd.astype(jnp.float32)
-  if skip_gain is not None:
-    v_self_BQHd = masks.take_queries(v, Tq, query_offset)   # what the identity term picks
-    out_BQHd = out_BQHd + gain(skip_gain) * v_self_BQHd.astype(jnp.float32)
-  if centre_gain is not None:
-    out_BQHd = out_BQHd - gain(centre_gain) * centred_values(
-        v, causal=causal, num_queries=Tq, query_offset=query_offset, key_mask=key_mask,
-        segment_ids=segment_ids)
-  return out_BQHd.astype(v.dtype)
+  out_BQHd = gain(resid) * attended_BQHd.astype(jnp.float32)
+  if skip is not None:
+    out_BQHd = out_BQHd + gain(skip) * v_self_BQHd.astype(jnp.float32)
+  if centre is not None:
+    out_BQHd = out_BQHd - gain(centre) * centred_BQHd.astype(jnp.float32)
+  return out_BQHd.astype(attended_BQHd.dtype)
 
 
-# -------------------------------------------------------------------------------- public
+# ------------------------------------------------------------------- A' v, in either form
 
 def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: bool,
                      key_mask=None, segment_ids=None, query_offset=0, impl: Impl = "explicit",
                      logit_soft_cap=None, return_probs: bool = False,
                      grad_rules_mode: str = "auto"):
-  """Shaped attention `(beta * A + alpha * I - gamma * C) v`, [B, Q, H, d].
+  """Shaped attention `A' v` [B, Q, H, d] in v's dtype, in either form (module docstring).
 
-  `skip_gain` / `centre_gain` None omit that term (plain attention). `key_mask` [B, K] is
-  True on real tokens. With `return_probs` (explicit only) also returns the float32 softmax
-  A [B, H, Q, K] for diagnostics. Both impls agree to float32 round-off, and so do their
-  gradients whatever `grad_rules_mode` ("auto", "on", "off"; see grad_rules.py).
+  `key_mask` [B, K] is True on real tokens. With `return_probs` (explicit only) also returns
+  the float32 softmax A [B, H, Q, K] for diagnostics. Both impls agree to float32 round-off,
+  and so do their gradients whatever `grad_rules_mode` ("auto", "on", "off"; grad_rules.py).
   """
-  if impl == "explicit":
-    mask = masks.attention_mask(q.shape[1], k.shape[1], causal=causal,
-                                query_offset=query_offset, key_mask=key_mask,
-                                segment_ids=segment_ids)
-    out, probs = _explicit(q, k, v, mask=mask, resid_gain=resid_gain, skip_gain=skip_gain,
-                           centre_gain=centre_gain, query_offset=query_offset,
-                           logit_soft_cap=logit_soft_cap, grad_rules_mode=grad_rules_mode)
-    return (out, probs) if return_probs else out
+  if impl not in IMPLS:
+    raise ValueError(f"Unknown attention impl {impl!r}; expected one of {IMPLS}.")
+  if impl == "fused" and (return_probs or logit_soft_cap is not None):
+    raise ValueError("impl='fused' cannot return attention probabilities or soft-cap logits; "
+                     "use impl='explicit'.")
+  Tq, Tk = q.shape[1], k.shape[1]
+  where = dict(causal=causal, query_offset=query_offset, key_mask=key_mask,
+               segment_ids=segment_ids)
   if impl == "fused":
-    if return_probs or logit_soft_cap is not None:
-      raise ValueError("impl='fused' cannot return attention probabilities or soft-cap logits; "
-                       "use impl='explicit'.")
-    return _fused(q, k, v, causal=causal, key_mask=key_mask, segment_ids=segment_ids,
-                  query_offset=query_offset, resid_gain=resid_gain, skip_gain=skip_gain,
-                  centre_gain=centre_gain)
-  raise ValueError(f"Unknown attention impl {impl!r}; expected one of {IMPLS}.")
+    # The kernel's own causal mask (or none) where it suffices: TPU's splash takes no array.
+    unmasked = key_mask is None and segment_ids is None
+    simple_causal = causal and unmasked and Tq == Tk and jnp.ndim(query_offset) == 0
+    mask = (None if simple_causal or (unmasked and not causal)
+            else masks.attention_mask(Tq, Tk, **where))
+    attended_BQHd = attention_kernels.dot_product_attention(q, k, v, mask=mask,
+                                                           is_causal=simple_causal)
+    v_self_BQHd = None if skip_gain is None else masks.take_queries(v, Tq, query_offset)
+    centred_BQHd = None if centre_gain is None else centred_values(v, num_queries=Tq, **where)
+    return combine_fused_terms(attended_BQHd, resid_gain, skip_gain, v_self_BQHd, centre_gain,
+                               centred_BQHd)
+
+  mask = masks.attention_mask(Tq, Tk, **where)
+  logits_BHQK = jnp.where(mask, attention_logits(q, k, logit_soft_cap=logit_soft_cap),
+                          jnp.finfo(jnp.float32).min)
+  eye_QK = jnp.arange(Tk) == masks.query_positions(Tq, query_offset)[..., None]   # or [B, Q, K]
+  head_vector = lambda g: None if g is None else jnp.broadcast_to(   # scalar or [H] -> [H]
+      jnp.asarray(g, jnp.float32).reshape(-1), (q.shape[2],))
+  shape = (_fast_shape_attention_matrix if grad_rules.enabled(grad_rules_mode)
+           else shape_attention_matrix)
+  shaped_BHQK, probs_BHQK = shape(
+      logits_BHQK, *map(head_vector, (resid_gain, skip_gain, centre_gain)),
+      eye_QK[..., None, :, :].astype(jnp.float32), centering_matrix_from_mask(mask))
+  out_BQHd = jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v)
+  return (out_BQHd, probs_BHQK) if return_probs else out_BQHd
 
 
 def attention(q, k, v, *, resid_gain=1.0, **kwargs):

@@ -68,25 +68,24 @@ class AttentionSubBlock(nn.Module):
       skip_H = layers.gain(self, "attn_mat_skip_gain", m.attn_mat_skip_gain, trainable, (H,))
       centre_H = layers.gain(self, "centre_attn_gain", m.centre_attn_gain,
                              trainable and m.centre_attn_gain != 0, (H,))
-    gains = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H)
+    attn_args = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
+                 logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
     if cache_index is not None:
-      out_BTHd = self._attend_cached(q_BTHd, k_BTHd, v_BTHd, gains=gains, index_B=cache_index,
+      out_BTHd = self._attend_cached(q_BTHd, k_BTHd, v_BTHd, attn_args, index_B=cache_index,
                                      lengths_B=lengths)
     else:
-      result = attention.shaped_attention(
-          q_BTHd, k_BTHd, v_BTHd, **gains, causal=self.causal, key_mask=key_mask,
-          segment_ids=segment_ids,
-          impl=m.attention_impl, logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None,
-          return_probs=m.attention_impl == "explicit", grad_rules_mode=grad_rules.mode_of(m))
-      if m.attention_impl == "explicit":
-        out_BTHd, probs_BHTT = result
+      explicit = m.attention_impl == "explicit"   # which alone can return A, for diagnostics
+      out_BTHd = attention.shaped_attention(
+          q_BTHd, k_BTHd, v_BTHd, **attn_args, causal=self.causal, key_mask=key_mask,
+          segment_ids=segment_ids, impl=m.attention_impl, return_probs=explicit,
+          grad_rules_mode=grad_rules.mode_of(m))
+      if explicit:
+        out_BTHd, probs_BHTT = out_BTHd
         self.sow("intermediates", "attn_probs", probs_BHTT)
-      else:
-        out_BTHd = result
     return self._linear("proj", valproj.proj_settings(m, self.layer))(
         out_BTHd.reshape(B, T, D), anchors.get("proj"))
 
-  def _attend_cached(self, q_BTHd, k_BTHd, v_BTHd, *, gains, index_B, lengths_B):
+  def _attend_cached(self, q_BTHd, k_BTHd, v_BTHd, attn_args, *, index_B, lengths_B):
     """Attends to the cache and appends the new keys and values (not while initialising)."""
     m = self.cfg
     B, T, H, d = k_BTHd.shape
@@ -94,12 +93,12 @@ class AttentionSubBlock(nn.Module):
     shape = kv_cache.cache_shape(B, T, H, d)
     templates = {"keys": (shape, k_BTHd.dtype), "values": (shape, v_BTHd.dtype),
                  "value_sum": ((B, H, d), jnp.float32)}
+    centred = attn_args["centre_gain"] is not None
     cache = {name: self.variable("cache", name, jnp.zeros, *templates[name])
-             for name in kv_cache.cache_names(m.attention_impl, gains["centre_gain"] is not None)}
+             for name in kv_cache.cache_names(m.attention_impl, centred)}
     out_BTHd, new = kv_cache.cached_shaped_attention(
         q_BTHd, k_BTHd, v_BTHd, {name: var.value for name, var in cache.items()}, index_B,
-        lengths_B, **gains, impl=m.attention_impl,
-        logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
+        lengths_B, **attn_args, impl=m.attention_impl)
     if not self.is_initializing():
       for name, var in cache.items():
         var.value = new[name]

@@ -72,10 +72,6 @@ def _dense_jvp(primals, tangents):
 dense.defjvp(_dense_jvp, symbolic_zeros=True)
 
 
-def _per_head(gain_H):
-  return gain_H.reshape(-1, 1, 1)
-
-
 def _per_row(gain_H, like_BHQK):
   """A per-head [H] tangent broadcast to [B, H, Q, 1] (then over keys by the product)."""
   B, H, Q, _ = like_BHQK.shape
@@ -83,12 +79,9 @@ def _per_row(gain_H, like_BHQK):
 
 
 def fast_gain_gradients(shape: Callable) -> Callable:
-  """`shape` with the gain-gradient rule of the module docstring; same values.
-
-  `shape(logits, resid_H, skip_H, centre_H, eye_QK, centre_QK) -> (shaped, probs)` computes
-  `shaped = resid * softmax(logits) + skip * I - centre * C` per head ([B, H, Q, K]; a None
-  gain omits its term) and `probs = softmax(logits)`. `eye_QK` and `centre_QK` come from the
-  mask and are constants: their tangents are ignored.
+  """`shape` (`attention.shape_attention_matrix`: (A', softmax A)) with the gain-gradient rule
+  of the module docstring; same values. `eye_QK` and `centre_QK` come from the mask and are
+  constants: their tangents are ignored.
   """
   @jax.custom_jvp
   def fast_shape(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK):
@@ -102,7 +95,7 @@ def fast_gain_gradients(shape: Callable) -> Callable:
     if _present(d_logits_BHQK):   # the softmax's own JVP
       d_probs_BHQK = probs_BHQK * (
           d_logits_BHQK - jnp.sum(probs_BHQK * d_logits_BHQK, axis=-1, keepdims=True))
-    d_shaped_BHQK = _per_head(resid_H) * d_probs_BHQK
+    d_shaped_BHQK = resid_H.reshape(-1, 1, 1) * d_probs_BHQK
     if _present(d_resid_H):
       d_shaped_BHQK = d_shaped_BHQK + _per_row(d_resid_H, probs_BHQK) * probs_BHQK
     if skip_H is not None and _present(d_skip_H):

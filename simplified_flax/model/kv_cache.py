@@ -83,16 +83,12 @@ def cached_shaped_attention(q_BQHd, k_BQHd, v_BQHd, cache: Cache, index_B, lengt
         logit_soft_cap=logit_soft_cap)
     return out_BQHd, new
 
-  # Fused and centred: resid * A v + skip * v - centre * C v, summed in the order of
-  # attention.py's fused path. The identity term takes the new values as they are: gathering
-  # them back from the cache view would make XLA transpose the whole cache.
-  gain = lambda g: jnp.asarray(g, jnp.float32).reshape(-1, 1)   # [H] over [.., H, d]
-  attended_BQHd = attention.attention(q_BQHd, k_BKHd, v_BKHd, resid_gain=resid_gain,
-                                      causal=True, query_offset=index_B, impl="fused")
-  out_BQHd = attended_BQHd.astype(jnp.float32)
-  if skip_gain is not None:
-    out_BQHd = out_BQHd + gain(skip_gain) * v_BQHd.astype(jnp.float32)
+  # Fused and centred: C v from the running sum, not a cumulative mean over the whole cache.
+  # The identity term takes the new values as they are: gathering them back from the cache
+  # view would make XLA transpose the whole cache.
+  attended_BQHd = attention.attention(q_BQHd, k_BKHd, v_BKHd, causal=True, query_offset=index_B,
+                                      impl="fused")   # A v (a gain of 1 is exact)
   mean_BQHd, new["value_sum"] = running_centred_values(cache["value_sum"], v_BQHd, index_B,
                                                        lengths_B)
-  out_BQHd = out_BQHd - gain(centre_gain) * mean_BQHd
-  return out_BQHd.astype(v_BQHd.dtype), new
+  return attention.combine_fused_terms(attended_BQHd, resid_gain, skip_gain, v_BQHd,
+                                       centre_gain, mean_BQHd), new

@@ -163,6 +163,5 @@ class MLP(nn.Module):
     h_BTF = Linear(self.width_mult * D, dtype=self.dtype, grad_rules=self.grad_rules,
                    name="c_fc")(x_BTD)
     h_BTF = activation_fn(self.activation, self.lrelu_neg_slope)(h_BTF)
-    std = PLAIN_STD if self.proj_init_std is None else self.proj_init_std
-    return Linear(D, kernel_init=normal_init(std), dtype=self.dtype, grad_rules=self.grad_rules,
-                  name="c_proj")(h_BTF)
+    return Linear(D, kernel_init=kernel_init("normal", self.proj_init_std), dtype=self.dtype,
+                  grad_rules=self.grad_rules, name="c_proj")(h_BTF)

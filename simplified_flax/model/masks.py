@@ -32,12 +32,10 @@ def attention_mask(num_queries: int, num_keys: int, *, causal: bool, query_offse
 
 def segment_run_starts(segment_ids_BT):
   """Index of the first position of each position's contiguous segment run, [B, T]."""
-  T = segment_ids_BT.shape[1]
-  pos = jnp.arange(T)
   new_run = jnp.concatenate(
       [jnp.ones_like(segment_ids_BT[:, :1], bool), segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]],
       axis=1)
-  return jax.lax.cummax(jnp.where(new_run, pos, 0), axis=1)
+  return jax.lax.cummax(jnp.where(new_run, jnp.arange(segment_ids_BT.shape[1]), 0), axis=1)
 
 
 def gather_time(x_BT_, index_BT):

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from simplified_flax.model import block
+from simplified_flax.model import checks
 from simplified_flax.model import layers
 from simplified_flax.model import masks
 from simplified_flax.model import valproj
@@ -117,8 +118,7 @@ def TransformerEncoder(cfg, dtype=jnp.float32, **kwargs) -> Transformer:
 
 def build_model(model_config, dtype="float32") -> Transformer:
   """The model `model_config.kind` names ("decoder" or "encoder"), computing in `dtype`."""
-  from simplified_flax.model import checks as config_checks   # local: keeps the model importable standalone
-  config_checks.validate_model_config(model_config)
+  checks.validate_model_config(model_config)
   compute_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
   make = TransformerLM if model_config.kind == "decoder" else TransformerEncoder
   return make(model_config, dtype=compute_dtype)
