@@ -88,11 +88,8 @@ def leaf_gets_decay(path: tuple[str, ...]) -> bool:
 
 def decay_mask(params) -> Any:
   """A pytree of bools matching `params`: True where AdamW applies weight decay."""
-  def keyname(k):
-    return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-
-  return jax.tree_util.tree_map_with_path(
-      lambda path, _: leaf_gets_decay(tuple(keyname(k) for k in path)), params)
+  return jax.tree_util.tree_map_with_path(lambda path, _: leaf_gets_decay(tuple(
+      jax.tree_util.keystr((k,), simple=True) for k in path)), params)
 
 
 # ------------------------------------------------------------------------------------------
