@@ -136,10 +136,6 @@ def config_differences(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:
   return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
-def _is_float(value) -> bool:
-  return isinstance(value, float)
-
-
 def shape_changing_fields(saved: dict, new: dict,
                           param_shapes: Callable[[dict], dict]) -> list[str]:
   """The differing model fields of `new` that can change `param_shapes(config_dict)`.
@@ -153,34 +149,26 @@ def shape_changing_fields(saved: dict, new: dict,
   model_diffs = [k for k in diffs if k.startswith("model.")]
   if not model_diffs or param_shapes(saved) == param_shapes(new):
     return []
-  culprits = [k for k in model_diffs
-              if not (_is_float(diffs[k][0]) and _is_float(diffs[k][1]))]
+  culprits = [k for k in model_diffs if not all(isinstance(v, float) for v in diffs[k])]
   return culprits or model_diffs
-
-
-def _first_shape_difference(saved_shapes: dict, new_shapes: dict) -> str:
-  for path in sorted(set(saved_shapes) | set(new_shapes)):
-    a, b = saved_shapes.get(path), new_shapes.get(path)
-    if a != b:
-      return (f"{path}: saved {a if a is not None else 'absent'}, "
-              f"now {b if b is not None else 'absent'}")
-  return ""
 
 
 def check_compatible(saved: dict, new: dict, param_shapes: Callable[[dict], dict],
                      where: str) -> None:
   """Raises IncompatibleCheckpointError when `saved` and `new` give different parameters."""
+  diffs = config_differences(saved, new)
   param_shapes = _cached(param_shapes)
   culprits = shape_changing_fields(saved, new, param_shapes)
   if culprits:
-    diffs = config_differences(saved, new)
     listing = ", ".join(f"{k} (saved {diffs[k][0]!r}, now {diffs[k][1]!r})" for k in culprits)
-    example = _first_shape_difference(param_shapes(saved), param_shapes(new))
+    # The first parameter (in path order) whose shape differs; a None shape is absent.
+    path, shapes = next(iter(config_differences(param_shapes(saved), param_shapes(new)).items()))
+    was, now = ("absent" if shape is None else shape for shape in shapes)
     raise IncompatibleCheckpointError(
         f"Refusing to resume from {where}: the new config changes parameter shapes through "
-        f"{listing} (e.g. {example}). Use a fresh --workdir, or set these fields back.")
-  others = {k: v for k, v in config_differences(saved, new).items()
-            if k not in RESUME_ONLY_FIELDS}
+        f"{listing} (e.g. {path}: saved {was}, now {now}). Use a fresh --workdir, or set these "
+        f"fields back.")
+  others = {k: v for k, v in diffs.items() if k not in RESUME_ONLY_FIELDS}
   if others:
     logging.warning("Resuming with config changes that keep parameter shapes: %s",
                     ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in others.items()))
@@ -208,13 +196,11 @@ def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dic
                    set_aside: bool = True, step: int | None = None) -> Restored | None:
   """The newest restorable checkpoint, or None when the workdir has no checkpoint.
 
-  `target_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves). Steps that
-  cannot be read or whose fingerprint does not match are reported; once an older good step is
-  found they are set aside (unless `set_aside=False`, for read-only use). When no step is good
-  nothing moves and CheckpointError is raised: a run never silently restarts from scratch
-  over unreadable checkpoints. A step whose config changes parameter shapes raises
-  `IncompatibleCheckpointError`. `step` restricts the search to that one step. Readers of
-  another job's run pass an `open_read_only` manager and `set_aside=False`.
+  `target_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves); `step`
+  restricts the search to that one step. Bad steps are handled as the module docstring says
+  (CheckpointError when none is good: a run never silently restarts from scratch over
+  unreadable checkpoints); readers of another job's run pass an `open_read_only` manager and
+  `set_aside=False`, which moves nothing.
   """
   manager.reload()
   steps = sorted(manager.all_steps(), reverse=True)
