@@ -78,10 +78,7 @@ def make_manager(workdir: str, max_to_keep: int, save_interval_steps: int,
   options = ocp.CheckpointManagerOptions(
       preservation_policy=preservation, save_interval_steps=max(1, save_interval_steps),
       enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)
-  if "://" not in workdir:
-    workdir = os.path.abspath(workdir)   # Orbax wants absolute local paths
-  return ocp.CheckpointManager(epath.Path(workdir) / CHECKPOINT_DIR, options=options,
-                               item_names=ITEMS)
+  return ocp.CheckpointManager(_directory(workdir), options=options, item_names=ITEMS)
 
 
 def open_read_only(workdir: str) -> ocp.CheckpointManager:
@@ -89,8 +86,7 @@ def open_read_only(workdir: str) -> ocp.CheckpointManager:
   fine-tuning from a run that may still be training: it creates, deletes and cleans up
   nothing (a training manager removes temporary directories, which would destroy a step
   that the running job is writing). Raises FileNotFoundError if there is no such folder."""
-  directory = epath.Path(workdir if "://" in workdir else os.path.abspath(workdir))
-  directory = directory / CHECKPOINT_DIR
+  directory = _directory(workdir)
   if not directory.exists():
     raise WorkdirError(f"{directory} does not exist: is {workdir!r} the --workdir of a "
                             "training run?")
@@ -102,6 +98,11 @@ def open_read_only(workdir: str) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
   finally:
     logging.set_verbosity(verbosity)
+
+
+def _directory(workdir: str) -> epath.Path:
+  """`<workdir>/checkpoints`, made absolute when local (Orbax wants absolute local paths)."""
+  return epath.Path(workdir if "://" in workdir else os.path.abspath(workdir)) / CHECKPOINT_DIR
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_dict: dict,
