@@ -61,9 +61,8 @@ class Restored:
   meta: dict
 
 
-# ------------------------------------------------------------------------------------------
-# Manager.
-# ------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------- manager
+
 def make_manager(workdir: str, max_to_keep: int, save_interval_steps: int,
                  async_save: bool = True, keep_every_steps: int = 0) -> ocp.CheckpointManager:
   """The run's CheckpointManager over `<workdir>/checkpoints` (left-over temp dirs removed).
@@ -117,9 +116,8 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_di
       config=ocp.args.JsonSave(config_dict), meta=ocp.args.JsonSave(meta)))
 
 
-# ------------------------------------------------------------------------------------------
-# Config compatibility.
-# ------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------- config compatibility
+
 def flatten_config(d: dict, prefix: str = "") -> dict[str, Any]:
   """{"model": {"n_layer": 2}} -> {"model.n_layer": 2}."""
   out = {}
@@ -189,9 +187,8 @@ def _cached(param_shapes: Callable[[dict], dict]) -> Callable[[dict], dict]:
   return shapes
 
 
-# ------------------------------------------------------------------------------------------
-# Restore with fall-back.
-# ------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------- restore with fall-back
+
 def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dict,
                    param_shapes: Callable[[dict], dict], workdir: str,
                    set_aside: bool = True, step: int | None = None) -> Restored | None:

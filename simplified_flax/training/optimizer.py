@@ -18,9 +18,8 @@ UNDECAYED_LEAVES = ("scale", "bias")
 UNDECAYED_SUFFIX = "_gain"
 
 
-# ------------------------------------------------------------------------------------------
-# Learning-rate schedules.
-# ------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------ learning-rate schedules
+
 def warmup_steps(opt_config, num_train_steps: int) -> int:
   """`optimizer.warmup_steps` when set, else `warmup_fraction * num_train_steps` (rounded)."""
   if opt_config.warmup_steps is not None:
@@ -63,9 +62,8 @@ def make_schedule(opt_config, num_train_steps: int) -> optax.Schedule:
   return schedule
 
 
-# ------------------------------------------------------------------------------------------
-# Weight-decay mask.
-# ------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------ weight-decay mask
+
 def leaf_gets_decay(path: tuple[str, ...]) -> bool:
   """Whether the parameter at `path` (module names..., leaf name) is weight-decayed: kernels
   and embeddings are; norm scales/biases, biases and gains are not. Any other leaf name is an
@@ -89,9 +87,8 @@ def decay_mask(params) -> Any:
       jax.tree_util.keystr((k,), simple=True) for k in path)), params)
 
 
-# ------------------------------------------------------------------------------------------
-# The optimiser.
-# ------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------- the optimiser
+
 def make_optimizer(config) -> optax.GradientTransformation:
   """Global-norm clipping (when `optimizer.grad_clip_norm` > 0), then masked AdamW."""
   o = config.optimizer
@@ -102,9 +99,8 @@ def make_optimizer(config) -> optax.GradientTransformation:
   return adamw
 
 
-# ------------------------------------------------------------------------------------------
-# Gradient accumulation.
-# ------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------- gradient accumulation
+
 SumGradFn = Callable[[Any, dict, jax.Array], tuple[Any, dict]]
 
 

@@ -25,9 +25,8 @@ PMAP_AXIS = "batch"
 MIN_FSDP_SHARD_SIZE = 2 ** 14
 
 
-# ------------------------------------------------------------------------------------------
-# Multi-process set-up (joining the run: distributed.py).
-# ------------------------------------------------------------------------------------------
+# ----------------------------------- multi-process set-up (joining the run: distributed.py)
+
 def primary_first(fn: Callable[[], Any], name: str) -> Any:
   """`fn()` on process 0, then, after a barrier, on the other processes.
 
@@ -41,9 +40,8 @@ def primary_first(fn: Callable[[], Any], name: str) -> Any:
   return result if jax.process_index() == 0 else fn()
 
 
-# ------------------------------------------------------------------------------------------
-# Mesh and shardings ("jit" mode).
-# ------------------------------------------------------------------------------------------
+# ---------------------------------------------------------- mesh and shardings ("jit" mode)
+
 def make_mesh(fsdp: int = 1, devices=None) -> Mesh:
   """A (data, fsdp) mesh over `devices` (default: every device of every process)."""
   devices = list(devices if devices is not None else jax.devices())
@@ -86,9 +84,8 @@ def global_batch(local_batch: dict, mesh: Mesh, global_rows: int) -> dict:
           for k, v in local_batch.items()}
 
 
-# ------------------------------------------------------------------------------------------
-# The two modes behind one interface.
-# ------------------------------------------------------------------------------------------
+# ------------------------------------------------------- the two modes behind one interface
+
 @dataclasses.dataclass
 class Placement(abc.ABC):
   """Runs pure `step(state, batch)` functions on the devices; the mode is decided once.
