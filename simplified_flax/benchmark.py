@@ -1,26 +1,23 @@
 """Training throughput of several configs, measured round-robin in one process (issue 5).
 
-    python -m simplified_flax.benchmark --configs=preln,parallel,sas,sas_p
     python -m simplified_flax.benchmark --configs=preln,sas,sas_p \
         --config.model.attention_impl=fused
-    python -m simplified_flax.benchmark --configs=preln --config.model.n_layer=6 \
-        --config.model.n_embd=256 --config.model.n_head=8 --batch_size=16
+    python -m simplified_flax.benchmark --configs=preln --config.model.n_embd=256 \
+        --config.model.n_head=8 --batch_size=16
 
 Configs are variant files of `configs/` (`name` or `name:arg`); every `--config.*` override
-applies to each of them, after the benchmark's own shape: the paper's width (D=768, H=12,
-T=128) with `n_layer=6`, batch 8 and the byte vocabulary (256) so that a run fits a CPU in a
-few minutes. Pass `--config.model.vocab_size=50257` for GPT-2's.
+applies to each of them, after BENCH_SHAPE (the paper's width, 6 layers, batch 8 and the byte
+vocabulary, so that a run fits a CPU in a few minutes; `--config.model.vocab_size=50257` for
+GPT-2's).
 
 What is timed: `train_step.train_step` (forward, backward, global-norm clipping, AdamW) jitted
 with the state donated, on one fixed batch of random tokens, compiled ahead of time (compile
 seconds are reported apart) and run once before timing. Each round runs `--steps` steps of
-every config in turn (each round starting one config later than the last, so that no config
-always runs right after the probe) and blocks on the result, then times one `jnp.dot` of two [n, n]
-matrices in the compute dtype (`config.dtype`, float32 by default): the matmul peak this
-machine reaches right now. Machine drift therefore hits
-every config and the peak alike; figures are medians over rounds, and the timing ratios in
-the table (`speedup_paired`) are medians over rounds of the ratio within each round, which a
-busy, shared machine disturbs far less than the ratio of two medians.
+every config in turn and blocks on the result, then times one [n, n] `jnp.dot` in the compute
+dtype (`config.dtype`): the matmul peak this machine reaches right now. Machine drift
+therefore hits every config and the peak alike; figures are medians over rounds, and the
+timing ratios in the table (`speedup_paired`) are medians over rounds of the ratio within
+each round, which a busy, shared machine disturbs far less than the ratio of two medians.
 
   * flops_per_token  6 N + 12 L T D: N the matmul weights (every `kernel`, plus the V x D tied
     head), 12 L T D the attention scores and weighted values, forward and backward, counting

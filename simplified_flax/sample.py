@@ -26,13 +26,7 @@ from simplified_flax.model.transformer import build_model
 
 
 def restore_variables(workdir: str, config, step: Optional[int] = None):
-  """(variables {"params", "constants"}, step) of the newest intact checkpoint of `workdir`.
-
-  `config` is the run's (`load_config`). A step that does not read back or does not match its
-  saved fingerprint is skipped with an error logged (and left where it is); nothing in the
-  workdir is created or removed, so the run may still be training. `step` restores that step
-  only.
-  """
+  """(variables {"params", "constants"}, step) of the checkpoint `restore_read_only` reads."""
   restored = restore_read_only(workdir, config, step=step)
   return {"params": restored.state.params, **restored.state.constants}, restored.step
 

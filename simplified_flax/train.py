@@ -37,9 +37,6 @@ __all__ = ["create_train_state", "train_step", "eval_step", "diagnostics_step",
            "train_and_evaluate", "TrainState", "StepSpec", "NonFiniteLossError"]
 
 
-# ------------------------------------------------------------------------------------------
-# Command line.
-# ------------------------------------------------------------------------------------------
 def main(argv) -> None:
   f = cli.start(argv)
   distributed.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,

@@ -61,9 +61,8 @@ class Restored:
   meta: dict
 
 
-# ------------------------------------------------------------------------------------------
-# Manager.
-# ------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------- manager
+
 def make_manager(workdir: str, max_to_keep: int, save_interval_steps: int,
                  async_save: bool = True, keep_every_steps: int = 0) -> ocp.CheckpointManager:
   """The run's CheckpointManager over `<workdir>/checkpoints` (left-over temp dirs removed).
@@ -78,10 +77,7 @@ def make_manager(workdir: str, max_to_keep: int, save_interval_steps: int,
   options = ocp.CheckpointManagerOptions(
       preservation_policy=preservation, save_interval_steps=max(1, save_interval_steps),
       enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)
-  if "://" not in workdir:
-    workdir = os.path.abspath(workdir)   # Orbax wants absolute local paths
-  return ocp.CheckpointManager(epath.Path(workdir) / CHECKPOINT_DIR, options=options,
-                               item_names=ITEMS)
+  return ocp.CheckpointManager(_directory(workdir), options=options, item_names=ITEMS)
 
 
 def open_read_only(workdir: str) -> ocp.CheckpointManager:
@@ -89,8 +85,7 @@ def open_read_only(workdir: str) -> ocp.CheckpointManager:
   fine-tuning from a run that may still be training: it creates, deletes and cleans up
   nothing (a training manager removes temporary directories, which would destroy a step
   that the running job is writing). Raises FileNotFoundError if there is no such folder."""
-  directory = epath.Path(workdir if "://" in workdir else os.path.abspath(workdir))
-  directory = directory / CHECKPOINT_DIR
+  directory = _directory(workdir)
   if not directory.exists():
     raise WorkdirError(f"{directory} does not exist: is {workdir!r} the --workdir of a "
                             "training run?")
@@ -102,6 +97,11 @@ def open_read_only(workdir: str) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
   finally:
     logging.set_verbosity(verbosity)
+
+
+def _directory(workdir: str) -> epath.Path:
+  """`<workdir>/checkpoints`, made absolute when local (Orbax wants absolute local paths)."""
+  return epath.Path(workdir if "://" in workdir else os.path.abspath(workdir)) / CHECKPOINT_DIR
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_dict: dict,
@@ -116,9 +116,8 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_di
       config=ocp.args.JsonSave(config_dict), meta=ocp.args.JsonSave(meta)))
 
 
-# ------------------------------------------------------------------------------------------
-# Config compatibility.
-# ------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------- config compatibility
+
 def flatten_config(d: dict, prefix: str = "") -> dict[str, Any]:
   """{"model": {"n_layer": 2}} -> {"model.n_layer": 2}."""
   out = {}
@@ -136,10 +135,6 @@ def config_differences(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:
   return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
-def _is_float(value) -> bool:
-  return isinstance(value, float)
-
-
 def shape_changing_fields(saved: dict, new: dict,
                           param_shapes: Callable[[dict], dict]) -> list[str]:
   """The differing model fields of `new` that can change `param_shapes(config_dict)`.
@@ -153,34 +148,26 @@ def shape_changing_fields(saved: dict, new: dict,
   model_diffs = [k for k in diffs if k.startswith("model.")]
   if not model_diffs or param_shapes(saved) == param_shapes(new):
     return []
-  culprits = [k for k in model_diffs
-              if not (_is_float(diffs[k][0]) and _is_float(diffs[k][1]))]
+  culprits = [k for k in model_diffs if not all(isinstance(v, float) for v in diffs[k])]
   return culprits or model_diffs
-
-
-def _first_shape_difference(saved_shapes: dict, new_shapes: dict) -> str:
-  for path in sorted(set(saved_shapes) | set(new_shapes)):
-    a, b = saved_shapes.get(path), new_shapes.get(path)
-    if a != b:
-      return (f"{path}: saved {a if a is not None else 'absent'}, "
-              f"now {b if b is not None else 'absent'}")
-  return ""
 
 
 def check_compatible(saved: dict, new: dict, param_shapes: Callable[[dict], dict],
                      where: str) -> None:
   """Raises IncompatibleCheckpointError when `saved` and `new` give different parameters."""
+  diffs = config_differences(saved, new)
   param_shapes = _cached(param_shapes)
   culprits = shape_changing_fields(saved, new, param_shapes)
   if culprits:
-    diffs = config_differences(saved, new)
     listing = ", ".join(f"{k} (saved {diffs[k][0]!r}, now {diffs[k][1]!r})" for k in culprits)
-    example = _first_shape_difference(param_shapes(saved), param_shapes(new))
+    # The first parameter (in path order) whose shape differs; a None shape is absent.
+    path, shapes = next(iter(config_differences(param_shapes(saved), param_shapes(new)).items()))
+    was, now = ("absent" if shape is None else shape for shape in shapes)
     raise IncompatibleCheckpointError(
         f"Refusing to resume from {where}: the new config changes parameter shapes through "
-        f"{listing} (e.g. {example}). Use a fresh --workdir, or set these fields back.")
-  others = {k: v for k, v in config_differences(saved, new).items()
-            if k not in RESUME_ONLY_FIELDS}
+        f"{listing} (e.g. {path}: saved {was}, now {now}). Use a fresh --workdir, or set these "
+        f"fields back.")
+  others = {k: v for k, v in diffs.items() if k not in RESUME_ONLY_FIELDS}
   if others:
     logging.warning("Resuming with config changes that keep parameter shapes: %s",
                     ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in others.items()))
@@ -200,21 +187,18 @@ def _cached(param_shapes: Callable[[dict], dict]) -> Callable[[dict], dict]:
   return shapes
 
 
-# ------------------------------------------------------------------------------------------
-# Restore with fall-back.
-# ------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------- restore with fall-back
+
 def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dict,
                    param_shapes: Callable[[dict], dict], workdir: str,
                    set_aside: bool = True, step: int | None = None) -> Restored | None:
   """The newest restorable checkpoint, or None when the workdir has no checkpoint.
 
-  `target_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves). Steps that
-  cannot be read or whose fingerprint does not match are reported; once an older good step is
-  found they are set aside (unless `set_aside=False`, for read-only use). When no step is good
-  nothing moves and CheckpointError is raised: a run never silently restarts from scratch
-  over unreadable checkpoints. A step whose config changes parameter shapes raises
-  `IncompatibleCheckpointError`. `step` restricts the search to that one step. Readers of
-  another job's run pass an `open_read_only` manager and `set_aside=False`.
+  `target_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves); `step`
+  restricts the search to that one step. Bad steps are handled as the module docstring says
+  (CheckpointError when none is good: a run never silently restarts from scratch over
+  unreadable checkpoints); readers of another job's run pass an `open_read_only` manager and
+  `set_aside=False`, which moves nothing.
   """
   manager.reload()
   steps = sorted(manager.all_steps(), reverse=True)

@@ -18,10 +18,6 @@ DOWNLOAD_HOST = ("storage.googleapis.com", 443)
 NETWORK_TIMEOUT_S = 3.0
 
 
-def _default_data_dir() -> str:
-  return os.environ.get("TFDS_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
-
-
 def is_prepared(name: str, data_dir: str) -> bool:
   """Whether `<data_dir>/<name>` holds a prepared version (any config, any version)."""
   base = name.split(":")[0]     # "lm1b", "wiki40b/en", "c4/en:3.1.0"
@@ -46,7 +42,8 @@ def check_tfds_available(data_config) -> None:
   name = data_config.name
   if name in LOCAL_DATASETS:
     return
-  data_dir = data_config.tfds_data_dir or _default_data_dir()
+  data_dir = data_config.tfds_data_dir or os.environ.get(
+      "TFDS_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
   if is_prepared(name, data_dir) or network_reachable():
     return
   raise DataError(f"data.name: the dataset '{name}' is not prepared in '{data_dir}' and there "

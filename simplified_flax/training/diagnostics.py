@@ -38,10 +38,15 @@ REPARAM_GAINS = ("resid_gain", "skip_gain")   # leaf names shared by every Repar
 
 # --------------------------------------------------------------------------- hidden states
 
+def _centred(x_BTD: jax.Array) -> jax.Array:
+  """x as float32 [N, D], centred over D per token."""
+  x_ND = x_BTD.reshape(-1, x_BTD.shape[-1]).astype(jnp.float32)
+  return x_ND - x_ND.mean(axis=-1, keepdims=True)
+
+
 def normalised_features(x_BTD: jax.Array) -> jax.Array:
   """z [N, D]: x centred over D per token, divided by the rms of all its entries."""
-  x_ND = x_BTD.reshape(-1, x_BTD.shape[-1]).astype(jnp.float32)
-  x_ND = x_ND - x_ND.mean(axis=-1, keepdims=True)
+  x_ND = _centred(x_BTD)
   rms = jnp.sqrt(jnp.mean(jnp.square(x_ND)))
   return x_ND / jnp.maximum(rms, jnp.finfo(jnp.float32).tiny)
 
@@ -95,8 +100,6 @@ def max_median_ratio(x_BTD: jax.Array) -> jax.Array:
 
 def hidden_state_metrics(x_BTD: jax.Array) -> Dict[str, jax.Array]:
   """Every diagnostic statistic of one layer's hidden state, sharing one Gram matrix."""
-  x_ND = x_BTD.reshape(-1, x_BTD.shape[-1]).astype(jnp.float32)
-  centred_ND = x_ND - x_ND.mean(axis=-1, keepdims=True)
   z_ND = normalised_features(x_BTD)
   gram_DD = feature_gram(z_ND)
   tokens = _token_correlation(z_ND, gram_DD)
@@ -106,7 +109,7 @@ def hidden_state_metrics(x_BTD: jax.Array) -> Dict[str, jax.Array]:
       "token_corr_mean": tokens["mean"],
       "token_corr_rms": tokens["rms"],
       "max_median_ratio": max_median_ratio(x_BTD),
-      "hidden_rms": jnp.sqrt(jnp.mean(jnp.square(centred_ND))),
+      "hidden_rms": jnp.sqrt(jnp.mean(jnp.square(_centred(x_BTD)))),
   }
 
 
@@ -124,10 +127,6 @@ def attention_entropy(probs_BHQK: jax.Array) -> jax.Array:
 
 # ------------------------------------------------------------------------------------ gains
 
-def _key_name(key) -> str:
-  return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
-
-
 def gain_metrics(params: Mapping[str, Any]) -> Dict[str, jax.Array]:
   """Every trainable gain: `gain/<top module>/<name>` (vectors: `_mean` and `_std`).
 
@@ -136,7 +135,7 @@ def gain_metrics(params: Mapping[str, Any]) -> Dict[str, jax.Array]:
   """
   metrics = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    names = [_key_name(k) for k in path]
+    names = [jax.tree_util.keystr((k,), simple=True) for k in path]
     if not names[-1].endswith(GAIN_SUFFIX):
       continue
     name = names[-1]

@@ -57,11 +57,9 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
   device). Raises FileNotFoundError when there is no checkpoint and CheckpointError when none
   reads back intact.
   """
-  abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
   if target is None:
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                          abstract)
+    abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
+    target = parallel.first_device_target(abstract)
   manager = checkpoint.open_read_only(workdir)
   try:
     restored = checkpoint.restore_latest(manager, target, config.to_dict(), parameter_shapes,

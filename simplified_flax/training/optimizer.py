@@ -3,15 +3,6 @@ pure functions.
 
     tx = make_optimizer(config)      # clip_by_global_norm -> AdamW(schedule, decay_mask)
 
-* `make_schedule`: linear warm-up from 0, then "linear" decay to 0 (the paper's), "cosine"
-  decay to 0, "rsqrt" decay or "constant". The schedule is evaluated at the optimiser's count,
-  i.e. the number of updates already applied: the first update uses lr(0) (0 when warming up).
-* `decay_mask`: weight decay on kernels and embeddings only; none on norm scales/biases,
-  biases and gains. A leaf of any other name is an error, so a new parameter kind is
-  classified on purpose rather than decayed by accident.
-* `accumulate_gradients`: k micro-batches of B rows give exactly the gradient *sums* of one
-  batch of k*B rows, so a step with accumulation equals a step on the whole batch.
-
 Master weights stay float32 whatever `config.dtype` computes in: the model casts them to the
 compute dtype inside `apply`, and the gradients and optimiser state are float32.
 """
@@ -27,9 +18,8 @@ UNDECAYED_LEAVES = ("scale", "bias")
 UNDECAYED_SUFFIX = "_gain"
 
 
-# ------------------------------------------------------------------------------------------
-# Learning-rate schedules.
-# ------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------ learning-rate schedules
+
 def warmup_steps(opt_config, num_train_steps: int) -> int:
   """`optimizer.warmup_steps` when set, else `warmup_fraction * num_train_steps` (rounded)."""
   if opt_config.warmup_steps is not None:
@@ -44,6 +34,8 @@ def make_schedule(opt_config, num_train_steps: int) -> optax.Schedule:
   cosine:   half-cosine to 0 at `num_train_steps`;
   rsqrt:    `learning_rate * sqrt(warmup / count)` after warm-up (`1 / sqrt(count)` without);
   constant: `learning_rate` after warm-up.
+  `count` is the number of updates already applied: the first update uses lr(0), 0 when
+  warming up.
   """
   peak = float(opt_config.learning_rate)
   kind = opt_config.schedule
@@ -70,11 +62,13 @@ def make_schedule(opt_config, num_train_steps: int) -> optax.Schedule:
   return schedule
 
 
-# ------------------------------------------------------------------------------------------
-# Weight-decay mask.
-# ------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------ weight-decay mask
+
 def leaf_gets_decay(path: tuple[str, ...]) -> bool:
-  """Whether the parameter at `path` (module names..., leaf name) is weight-decayed."""
+  """Whether the parameter at `path` (module names..., leaf name) is weight-decayed: kernels
+  and embeddings are; norm scales/biases, biases and gains are not. Any other leaf name is an
+  error, so that a new parameter kind is classified on purpose rather than decayed by accident.
+  """
   name = path[-1]
   if name in DECAYED_LEAVES:
     return True
@@ -83,21 +77,18 @@ def leaf_gets_decay(path: tuple[str, ...]) -> bool:
   raise ValueError(
       f"Parameter {'/'.join(path)!r} has a leaf name the weight-decay mask does not know: "
       f"name dense weights 'kernel', embeddings 'embedding', norm parameters 'scale'/'bias' "
-      f"and gains '*{UNDECAYED_SUFFIX}', or extend simplified_flax.training.optimizer.leaf_gets_decay.")
+      f"and gains '*{UNDECAYED_SUFFIX}', or extend "
+      f"simplified_flax.training.optimizer.leaf_gets_decay.")
 
 
 def decay_mask(params) -> Any:
   """A pytree of bools matching `params`: True where AdamW applies weight decay."""
-  def keyname(k):
-    return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-
-  return jax.tree_util.tree_map_with_path(
-      lambda path, _: leaf_gets_decay(tuple(keyname(k) for k in path)), params)
+  return jax.tree_util.tree_map_with_path(lambda path, _: leaf_gets_decay(tuple(
+      jax.tree_util.keystr((k,), simple=True) for k in path)), params)
 
 
-# ------------------------------------------------------------------------------------------
-# The optimiser.
-# ------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------- the optimiser
+
 def make_optimizer(config) -> optax.GradientTransformation:
   """Global-norm clipping (when `optimizer.grad_clip_norm` > 0), then masked AdamW."""
   o = config.optimizer
@@ -108,9 +99,8 @@ def make_optimizer(config) -> optax.GradientTransformation:
   return adamw
 
 
-# ------------------------------------------------------------------------------------------
-# Gradient accumulation.
-# ------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------- gradient accumulation
+
 SumGradFn = Callable[[Any, dict, jax.Array], tuple[Any, dict]]
 
 

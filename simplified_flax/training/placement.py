@@ -9,10 +9,6 @@ Two modes run the same pure step functions (`config.parallel.mode`):
 * "pmap": `jax.pmap` over the local devices; the state is replicated along a leading device
   axis, the local batch is reshaped to [devices, rows per device, ...] and the step averages
   with `lax.pmean` over the "batch" axis.
-
-`Placement.from_config` picks `JitPlacement` or `PmapPlacement` once; both hide the mode from
-the training loop: they shard a fresh state, place batches, compile the steps and give back a
-single host copy of the state for checkpoints.
 """
 import abc
 import dataclasses
@@ -29,9 +25,8 @@ PMAP_AXIS = "batch"
 MIN_FSDP_SHARD_SIZE = 2 ** 14
 
 
-# ------------------------------------------------------------------------------------------
-# Multi-process set-up (joining the run: distributed.py).
-# ------------------------------------------------------------------------------------------
+# ----------------------------------- multi-process set-up (joining the run: distributed.py)
+
 def primary_first(fn: Callable[[], Any], name: str) -> Any:
   """`fn()` on process 0, then, after a barrier, on the other processes.
 
@@ -45,9 +40,8 @@ def primary_first(fn: Callable[[], Any], name: str) -> Any:
   return result if jax.process_index() == 0 else fn()
 
 
-# ------------------------------------------------------------------------------------------
-# Mesh and shardings ("jit" mode).
-# ------------------------------------------------------------------------------------------
+# ---------------------------------------------------------- mesh and shardings ("jit" mode)
+
 def make_mesh(fsdp: int = 1, devices=None) -> Mesh:
   """A (data, fsdp) mesh over `devices` (default: every device of every process)."""
   devices = list(devices if devices is not None else jax.devices())
@@ -76,13 +70,10 @@ def fsdp_spec(shape: tuple[int, ...], fsdp: int) -> P:
   return P(*([None] * dim + [FSDP]))
 
 
-def leaf_sharding(shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, fsdp_spec(shape, mesh.shape[FSDP]))
-
-
 def state_shardings(abstract_state, mesh: Mesh):
   """The sharding of every leaf of a (shape-only) train state."""
-  return jax.tree.map(lambda x: leaf_sharding(x.shape, mesh), abstract_state)
+  return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(x.shape, mesh.shape[FSDP])),
+                      abstract_state)
 
 
 def global_batch(local_batch: dict, mesh: Mesh, global_rows: int) -> dict:
@@ -93,15 +84,15 @@ def global_batch(local_batch: dict, mesh: Mesh, global_rows: int) -> dict:
           for k, v in local_batch.items()}
 
 
-# ------------------------------------------------------------------------------------------
-# The two modes behind one interface.
-# ------------------------------------------------------------------------------------------
+# ------------------------------------------------------- the two modes behind one interface
+
 @dataclasses.dataclass
 class Placement(abc.ABC):
   """Runs pure `step(state, batch)` functions on the devices; the mode is decided once.
 
   `from_config` returns a `JitPlacement` or a `PmapPlacement`; the loop only calls the
-  methods below, never asks which one it holds (beyond logging `mode`).
+  methods below (shard a fresh state, place batches, compile the steps, give back one host
+  copy of the state for checkpoints), never asks which one it holds (beyond `mode`).
   """
   global_rows: int               # config.batch_size
   mesh: Mesh | None = None       # JitPlacement only
@@ -197,8 +188,7 @@ class PmapPlacement(Placement):
     return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))[0], state)
 
   def restore_target(self, abstract_state):
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    return _with_shardings(abstract_state, jax.tree.map(lambda _: device, abstract_state))
+    return first_device_target(abstract_state)
 
   def place_batch(self, local_batch: dict) -> dict:
     """[rows, ...] -> [devices, rows per device, ...]."""
@@ -220,6 +210,12 @@ class PmapPlacement(Placement):
   def host_metrics(self, metrics):
     """The first replica's (the step averaged them with `lax.pmean`)."""
     return jax.tree.map(lambda x: np.asarray(x)[0], jax.device_get(metrics))
+
+
+def first_device_target(abstract_state):
+  """`abstract_state`'s leaves as ShapeDtypeStructs on this process's first device."""
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return _with_shardings(abstract_state, jax.tree.map(lambda _: device, abstract_state))
 
 
 def _with_shardings(abstract_state, shardings):

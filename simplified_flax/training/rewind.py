@@ -64,7 +64,9 @@ def set_aside(workdir: str, manager: ocp.CheckpointManager, restore_step: int,
               later_steps: list[int]) -> str | None:
   """Moves `later_steps` and the history after `restore_step` to a new folder under
   `<workdir>/set_aside/` (process 0 moves, all wait); returns that folder."""
-  if not later_steps and not _history_after(workdir, restore_step):
+  rows = [r for r in metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
+          if r.get("step", 0) > restore_step]
+  if not later_steps and not rows:
     return None
   dest = os.path.join(workdir, SET_ASIDE_DIR,
                       f"after_step_{restore_step}_{time.strftime('%Y%m%d-%H%M%S')}")
@@ -73,7 +75,6 @@ def set_aside(workdir: str, manager: ocp.CheckpointManager, restore_step: int,
     for step in later_steps:
       _move(os.path.join(str(manager.directory), str(step)),
             os.path.join(dest, "checkpoints", str(step)))
-    rows = _history_after(workdir, restore_step)
     if rows:
       with open(os.path.join(dest, metrics_io.METRICS_FILE), "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -88,15 +89,10 @@ def set_aside(workdir: str, manager: ocp.CheckpointManager, restore_step: int,
 
 
 def _move(source: str, dest: str) -> None:
-  if "://" in source:
+  if metrics_io.is_remote(source):
     epath.Path(source).rename(dest)
   else:
     shutil.move(source, dest)
-
-
-def _history_after(workdir: str, step: int) -> list[dict]:
-  rows = metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
-  return [r for r in rows if r.get("step", 0) > step]
 
 
 def truncate_tensorboard(workdir: str, last_step: int) -> int:
