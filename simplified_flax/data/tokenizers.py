@@ -130,7 +130,7 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, max_chars: int
   writer = io.BytesIO()
   try:
     spm.SentencePieceTrainer.Train(
-        sentence_iterator=_lines(_first_chars(texts, max_chars)),
+        sentence_iterator=_training_lines(texts, max_chars),
         model_writer=writer,
         vocab_size=vocab_size,
         model_type="unigram",
@@ -155,18 +155,14 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, max_chars: int
   return writer.getvalue()
 
 
-def _first_chars(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+def _training_lines(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+  """The non-empty lines of the first `max_chars` characters of `texts`."""
   remaining = max_chars
   for text in texts:
     if remaining <= 0:
       return
-    yield text[:remaining]
+    yield from (line for line in text[:remaining].splitlines() if line)
     remaining -= len(text)
-
-
-def _lines(texts: Iterable[str]) -> Iterator[str]:
-  for text in texts:
-    yield from (line for line in text.splitlines() if line)
 
 
 def build_tokenizer(data_config, workdir: str | None,
