@@ -36,8 +36,10 @@ class LocalCorpus:
 
   @classmethod
   def python_code(cls, roots: Sequence[str] | None) -> "LocalCorpus":
-    roots = tuple(sorted({_absolute(r) for r in roots})) if roots else (
-        local_files.stdlib_root(),)
+    if roots:
+      roots = tuple(sorted({os.path.realpath(os.path.expanduser(r)) for r in roots}))
+    else:
+      roots = (local_files.stdlib_root(),)
     stats = [_stat_line(os.path.join(root, rel))
              for root in roots for rel in local_files.walk_python_files(root)]
     label = "stdlib" if roots == (local_files.stdlib_root(),) else "roots"
@@ -80,10 +82,6 @@ class LocalCorpus:
   def documents(self, split: str, start: int = 0) -> Iterator[str]:
     """The texts of `split` from document `start` on, in a fixed order."""
     return local_files.read_documents(self._docs(split), self.json_key, start)
-
-
-def _absolute(path: str) -> str:
-  return os.path.realpath(os.path.expanduser(path))
 
 
 def _stat_line(path: str) -> str:
