@@ -144,7 +144,7 @@ class PreparedSplit:
 
   @functools.lru_cache(maxsize=None)
   def shard(self, index: int) -> TokenizedSplit:
-    tokens_path, docs_path = _shard_paths(self.directory, index)
+    tokens_path = _shard_paths(self.directory, index)[0]
     try:
       split = TokenizedSplit(_load(tokens_path, mmap=True), self._docs(index))
     except (OSError, ValueError) as e:
