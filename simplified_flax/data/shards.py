@@ -61,7 +61,7 @@ def _shard_paths(directory: epath.Path, index: int) -> tuple[epath.Path, epath.P
   return directory / f"tokens-{index:05d}.npy", directory / f"docs-{index:05d}.npy"
 
 
-def _write(path: epath.Path, write: Callable[[BinaryIO], object]) -> None:
+def write_atomically(path: epath.Path, write: Callable[[BinaryIO], object]) -> None:
   """Calls `write` on a temporary file, then renames it to `path` (never half a file)."""
   tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
   with tmp.open("wb") as f:
@@ -82,9 +82,9 @@ def _load(path: epath.Path, mmap: bool) -> np.ndarray:
 def write_shard(directory: epath.Path, index: int, split: TokenizedSplit) -> None:
   directory.mkdir(parents=True, exist_ok=True)
   tokens_path, docs_path = _shard_paths(directory, index)
-  _write(tokens_path, lambda f: np.save(f, np.asarray(split.tokens_N)))
+  write_atomically(tokens_path, lambda f: np.save(f, np.asarray(split.tokens_N)))
   # Last: the docs file marks the shard finished.
-  _write(docs_path, lambda f: np.save(f, np.asarray(split.doc_starts_D1, np.int64)))
+  write_atomically(docs_path, lambda f: np.save(f, np.asarray(split.doc_starts_D1, np.int64)))
 
 
 def finished_shards(directory: epath.Path) -> int:
@@ -104,7 +104,7 @@ def write_manifest(directory: epath.Path, address: Address, num_shards: int) -> 
     shard_tokens.append(int(docs[-1]))
   manifest = {**address.as_dict(), "num_shards": num_shards, "shard_num_docs": shard_docs,
               "shard_num_tokens": shard_tokens}
-  _write(directory / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+  write_atomically(directory / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
 
 
 class PreparedSplit:

@@ -23,6 +23,7 @@ import numpy as np
 from etils import epath  # the workdir may be a gs:// bucket on TPU hosts
 import sentencepiece as spm
 
+from simplified_flax.data import shards
 from simplified_flax.data.errors import DataError
 
 PAD_ID, EOD_ID, MASK_ID = 0, 1, 2
@@ -195,10 +196,8 @@ def build_tokenizer(data_config, workdir: str | None,
                               max_chars=data_config.spm_train_chars)
   if path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = path.parent / f"{path.name}.tmp-{os.getpid()}"
-    tmp_path.write_bytes(proto)
-    # A rename, so a crash never leaves half a model that a resumed run would trust.
-    tmp_path.rename(path)
+    # Never half a model that a resumed run would trust.
+    shards.write_atomically(path, lambda f: f.write(proto))
   return SentencePieceTokenizer(proto, os.fspath(path) if path else "<trained in memory>")
 
 
