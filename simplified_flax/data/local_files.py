@@ -145,7 +145,7 @@ def python_documents(roots: Sequence[str]) -> list[DocGroup]:
       raise DataError(f"data.roots: no *.py file under '{root}' (skipping "
                       f"{', '.join(sorted(PRUNED_DIRS))}). Point data.roots at a directory of "
                       "Python source.")
-    not_utf8, empty, found = [], 0, len(docs)
+    not_utf8, empty, docs_before = [], 0, len(docs)
     for rel in rel_paths:
       text = read_text(os.path.join(root, rel))
       if text is None:
@@ -158,7 +158,7 @@ def python_documents(roots: Sequence[str]) -> list[DocGroup]:
     if not_utf8 or empty:
       logging.warning("python_code: under %s skipped %d non-UTF-8 file(s) %s and %d empty file(s).",
                       root, len(not_utf8), not_utf8[:3], empty)
-    if len(docs) == found:
+    if len(docs) == docs_before:
       raise DataError(f"data.roots: none of the {len(rel_paths)} *.py files under '{root}' is "
                       f"usable ({len(not_utf8)} not UTF-8, {empty} empty). Convert them to "
                       "UTF-8 or point data.roots elsewhere.")

@@ -196,7 +196,7 @@ def build_tokenizer(data_config, workdir: str | None,
                               max_chars=data_config.spm_train_chars)
   if path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Never half a model that a resumed run would trust.
+    # Whole or not at all: a resumed run trusts this file.
     shards.write_atomically(path, lambda f: f.write(proto))
   return SentencePieceTokenizer(proto, os.fspath(path) if path else "<trained in memory>")
 
