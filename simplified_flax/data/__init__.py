@@ -6,6 +6,7 @@ windows or packed rows, MLM, the iterator (README, "Data").
     it = pipeline.train_iterator()
     batch = next(it)            # numpy, b = config.batch_size // process_count rows
     state = it.get_state()      # JSON; the same on every process; it.set_state(state) resumes
+    for batch in pipeline.eval_batches(config.eval_steps): ...   # the same every call and seed
 
 Batches (T = config.model.context_length):
   decoder: {"inputs": int32[b, T]} (+ "segment_ids": int32[b, T] with data.packing)

@@ -62,13 +62,13 @@ class Sharding:
   process_count: int
 
   @property
-  def local_batch(self) -> int:
-    return self.global_batch // self.process_count
-
-  @property
   def rows(self) -> slice:
-    start = self.process_index * self.local_batch
-    return slice(start, start + self.local_batch)
+    local_batch = self.global_batch // self.process_count
+    return slice(self.process_index * local_batch, (self.process_index + 1) * local_batch)
+
+  def positions(self, k: int) -> np.ndarray:
+    """int64[b]: k * B + this process's slice of 0 .. B - 1 (its positions in batch k)."""
+    return k * self.global_batch + np.arange(self.rows.start, self.rows.stop)
 
 
 class BatchMaker:
@@ -87,24 +87,16 @@ class BatchMaker:
       self._epoch_order = (epoch, order)
     return order
 
-  def position(self, k: int) -> tuple[int, int]:
-    """(epoch, batch within the epoch) of global batch k."""
-    return divmod(k, self.batches_per_epoch)
-
   def train_batch(self, k: int) -> dict[str, np.ndarray]:
-    epoch, j = self.position(k)
-    local = self.sharding.rows
-    ids_b = self._order(epoch)(j * self.sharding.global_batch + np.arange(local.start,
-                                                                           local.stop))
+    epoch, j = divmod(k, self.batches_per_epoch)
+    ids_b = self._order(epoch)(self.sharding.positions(j))
     return self._batch(ids_b, [self.seed, _TRAIN_MASKS, k])
 
   def eval_batch(self, k: int) -> dict[str, np.ndarray]:
     """Batch k of the eval split; wraps around when the split has fewer than (k+1)*B rows.
     A fixed shuffle spreads the eval batches over the whole split, not its first documents."""
-    local = self.sharding.rows
-    positions_b = (k * self.sharding.global_batch + np.arange(local.start, local.stop))
-    return self._batch(self._eval_order(positions_b % self.source.num_rows),
-                       [EVAL_SEED, _EVAL_MASKS, k])
+    positions_b = self.sharding.positions(k) % self.source.num_rows
+    return self._batch(self._eval_order(positions_b), [EVAL_SEED, _EVAL_MASKS, k])
 
   def _batch(self, ids_b: np.ndarray, mask_seed: list[int]) -> dict[str, np.ndarray]:
     """This process's rows `ids_b` as a batch; MLM noise is drawn for the global batch and

@@ -15,7 +15,6 @@ from typing import Sequence
 import numpy as np
 
 _ROUNDS = 4
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def mix64(x_U64: np.ndarray) -> np.ndarray:

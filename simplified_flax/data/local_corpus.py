@@ -36,15 +36,12 @@ class LocalCorpus:
 
   @classmethod
   def python_code(cls, roots: Sequence[str] | None) -> "LocalCorpus":
-    roots = tuple(sorted({_absolute(r) for r in roots})) if roots else (
-        local_files.stdlib_root(),)
-    stats = []
-    for root in roots:
-      if not os.path.isdir(root):
-        raise DataError(f"data.roots: '{root}' is not a directory. Give existing directories of "
-                        "Python source (comma-separated), or leave data.roots unset for the "
-                        "standard library.")
-      stats += [_stat_line(os.path.join(root, rel)) for rel in local_files.walk_python_files(root)]
+    if roots:
+      roots = tuple(sorted({os.path.realpath(os.path.expanduser(r)) for r in roots}))
+    else:
+      roots = (local_files.stdlib_root(),)
+    stats = [_stat_line(os.path.join(root, rel))
+             for root in roots for rel in local_files.walk_python_files(root)]
     label = "stdlib" if roots == (local_files.stdlib_root(),) else "roots"
     return cls("python_code", roots, (), "", f"python_code/{label}-{_digest(roots, stats)}")
 
@@ -66,15 +63,14 @@ class LocalCorpus:
       docs = local_files.text_documents(self.files, self.json_key)
     return local_files.assign_splits(docs)
 
-  def _docs(self, split: str) -> list[DocGroup]:
+  def check_split(self, split: str) -> None:
     if split not in _SPLITS:
       raise DataError(f"Corpus '{self.identity}' has no split '{split}'; it has "
                       f"{list(_SPLITS)}. Set data.train_split / data.eval_split.")
-    return self._splits[split]
 
-  def check_split(self, split: str) -> None:
-    if split not in _SPLITS:
-      self._docs(split)
+  def _docs(self, split: str) -> list[DocGroup]:
+    self.check_split(split)
+    return self._splits[split]
 
   def num_documents(self, split: str) -> int:
     return sum(group.num_docs for group in self._docs(split))
@@ -86,10 +82,6 @@ class LocalCorpus:
   def documents(self, split: str, start: int = 0) -> Iterator[str]:
     """The texts of `split` from document `start` on, in a fixed order."""
     return local_files.read_documents(self._docs(split), self.json_key, start)
-
-
-def _absolute(path: str) -> str:
-  return os.path.realpath(os.path.expanduser(path))
 
 
 def _stat_line(path: str) -> str:

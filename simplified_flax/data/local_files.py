@@ -104,17 +104,14 @@ def assign_splits(groups: Sequence[DocGroup]) -> dict[str, list[DocGroup]]:
   return splits
 
 
-def decode_utf8(data: bytes) -> str | None:
-  """The text of `data`, or None when it is not UTF-8 (a BOM is dropped)."""
+def read_text(path: str) -> str | None:
+  """The text of the file `path`, or None when it is not UTF-8 (a BOM is dropped)."""
+  with open(path, "rb") as f:
+    data = f.read()
   try:
     return data.decode("utf-8-sig")
   except UnicodeDecodeError:
     return None
-
-
-def read_text(path: str) -> str | None:
-  with open(path, "rb") as f:
-    return decode_utf8(f.read())
 
 
 # ------------------------------------------------------------------------------------------
@@ -122,6 +119,10 @@ def read_text(path: str) -> str | None:
 # ------------------------------------------------------------------------------------------
 def walk_python_files(root: str) -> list[str]:
   """Sorted root-relative paths of the `*.py` files under `root`, skipping PRUNED_DIRS."""
+  if not os.path.isdir(root):
+    raise DataError(f"data.roots: '{root}' is not a directory. Give existing directories of "
+                    "Python source (comma-separated), or leave data.roots unset for the "
+                    "standard library.")
   found = []
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = sorted(d for d in dirnames if d not in PRUNED_DIRS)
@@ -139,17 +140,12 @@ def python_documents(roots: Sequence[str]) -> list[DocGroup]:
   """
   docs = []
   for root_index, root in enumerate(roots):
-    if not os.path.isdir(root):
-      raise DataError(f"data.roots: '{root}' is not a directory. Give existing directories of "
-                      "Python source (comma-separated), or leave data.roots unset for the "
-                      "standard library.")
     rel_paths = walk_python_files(root)
     if not rel_paths:
       raise DataError(f"data.roots: no *.py file under '{root}' (skipping "
                       f"{', '.join(sorted(PRUNED_DIRS))}). Point data.roots at a directory of "
                       "Python source.")
-    not_utf8, empty = [], 0
-    usable = 0
+    not_utf8, empty, docs_before = [], 0, len(docs)
     for rel in rel_paths:
       text = read_text(os.path.join(root, rel))
       if text is None:
@@ -157,13 +153,12 @@ def python_documents(roots: Sequence[str]) -> list[DocGroup]:
       elif not text:
         empty += 1
       else:
-        usable += 1
         # Names stay root-relative so the split does not depend on where the root lives.
         docs.append(DocGroup(name=rel, abs_path=os.path.join(root, rel), root_index=root_index))
     if not_utf8 or empty:
       logging.warning("python_code: under %s skipped %d non-UTF-8 file(s) %s and %d empty file(s).",
                       root, len(not_utf8), not_utf8[:3], empty)
-    if not usable:
+    if len(docs) == docs_before:
       raise DataError(f"data.roots: none of the {len(rel_paths)} *.py files under '{root}' is "
                       f"usable ({len(not_utf8)} not UTF-8, {empty} empty). Convert them to "
                       "UTF-8 or point data.roots elsewhere.")
@@ -262,14 +257,13 @@ def read_documents(groups: Sequence[DocGroup], json_key: str, start: int = 0) ->
         raise DataError(f"'{group.abs_path}' stopped being UTF-8 after it was scanned; "
                         "prepare again.")
       yield text
-      start = 0
-      continue
-    wanted = set(group.lines[start:])
-    found = 0
-    for line_no, text in iter_jsonl(group.abs_path, json_key):
-      if line_no in wanted:
-        found += 1
-        yield text
-    if found != len(wanted):
-      raise DataError(f"'{group.abs_path}' changed after it was scanned; prepare again.")
+    else:
+      wanted = set(group.lines[start:])
+      found = 0
+      for line_no, text in iter_jsonl(group.abs_path, json_key):
+        if line_no in wanted:
+          found += 1
+          yield text
+      if found != len(wanted):
+        raise DataError(f"'{group.abs_path}' changed after it was scanned; prepare again.")
     start = 0

@@ -1,17 +1,10 @@
-"""`build_pipeline(config)`: corpus -> tokenizer -> prepared shards -> rows -> batches.
-
-    pipeline = build_pipeline(config, workdir=workdir)
-    train_iter = pipeline.train_iterator()          # infinite; get_state()/set_state()
-    batch = next(train_iter)                         # {"inputs": int32[b, T], ...}
-    for batch in pipeline.eval_batches(config.eval_steps): ...
+"""`build_pipeline(config)`: corpus -> tokenizer -> prepared shards -> rows -> batches (usage
+and batch layouts: `simplified_flax.data`; order and resume: `batches.py`).
 
 Both splits are read from prepared token shards (`shards.py`) under `data.cache_dir`. When a
 split is not prepared yet, a small one (up to PREPARE_IN_PROCESS_BYTES on disk) is prepared
 here, in this process; a larger one is an error that prints the exact
 `python -m simplified_flax.prepare` command, which uses worker processes and survives a kill.
-Batches are pure functions of (seed, batch index) (`batches.py`): a global shuffle across
-shards, exact O(1) resume, the same batches for any process count, each process reading only
-its rows.
 """
 import itertools
 import os

@@ -34,7 +34,7 @@ class RowSource:
   def num_rows(self) -> int:
     if self.packing:
       return sequences.num_packed_rows(self.split, self.seq_len)
-    return int(((np.diff(self.split.doc_starts_D1) - 1) // self.seq_len).sum())
+    return int(sequences.windows_per_doc(self.split.doc_starts_D1, self.seq_len).sum())
 
   def rows(self, ids_B: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """(tokens int32[B, T], segment_ids int32[B, T] or None without packing)."""
@@ -53,7 +53,7 @@ class ShardedRows:
     if packing:  # from the manifest: no shard is opened here
       rows_S = -(-prepared.shard_num_tokens // seq_len)
     else:        # from the document offsets alone
-      rows_S = np.array([((np.diff(prepared.doc_starts(i)) - 1) // seq_len).sum()
+      rows_S = np.array([sequences.windows_per_doc(prepared.doc_starts(i), seq_len).sum()
                          for i in range(prepared.num_shards)], np.int64)
     self._first_row_S1 = np.concatenate([[0], np.cumsum(rows_S)]).astype(np.int64)
     self.num_rows = int(self._first_row_S1[-1])

@@ -32,11 +32,6 @@ class TokenizedSplit:
     return len(self.doc_starts_D1) - 1
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-  """uint16 when every id fits (halves memory and the cache), else int32."""
-  return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
-
-
 def join_documents(docs: list[np.ndarray], eod_id: int, vocab_size: int) -> TokenizedSplit:
   """Concatenates tokenized documents, each followed by `eod_id`; empty documents are dropped."""
   lengths_D = np.array([len(d) for d in docs], dtype=np.int64)
@@ -48,7 +43,8 @@ def join_flat(flat_M: np.ndarray, lengths_D: np.ndarray, eod_id: int,
               vocab_size: int) -> TokenizedSplit:
   """`join_documents` of documents given as one flat id array and their lengths."""
   lengths_D = lengths_D[lengths_D > 0]
-  dtype = token_dtype(vocab_size)
+  # uint16 when every id fits: halves memory and the shards.
+  dtype = np.uint16 if vocab_size <= 1 << 16 else np.int32
   tokens_N = np.full(len(flat_M) + len(lengths_D), eod_id, dtype)
   doc_starts_D1 = np.concatenate([[0], np.cumsum(lengths_D + 1)]).astype(np.int64)
   # Token j of the flat array lands after the eods of the documents before it.
@@ -71,10 +67,14 @@ def concat_splits(parts: list[TokenizedSplit]) -> TokenizedSplit:
 # ------------------------------------------------------------------------------------------
 # Windows of exactly T tokens inside each document.
 # ------------------------------------------------------------------------------------------
+def windows_per_doc(doc_starts_D1: np.ndarray, seq_len: int) -> np.ndarray:
+  """int64[D]: how many full windows of `seq_len` tokens each document holds (eod excluded)."""
+  return (np.diff(doc_starts_D1) - 1) // seq_len
+
+
 def window_starts(split: TokenizedSplit, seq_len: int) -> np.ndarray:
   """int64[W]: the start of every full window of `seq_len` tokens, document by document."""
-  doc_lengths_D = np.diff(split.doc_starts_D1) - 1  # without the eod
-  windows_D = doc_lengths_D // seq_len
+  windows_D = windows_per_doc(split.doc_starts_D1, seq_len)
   num_windows = int(windows_D.sum())
   first_window_D = np.cumsum(windows_D) - windows_D
   # Window w of doc d starts at doc_start[d] + T * (w - first_window[d]).

@@ -25,6 +25,7 @@ import io
 import json
 import os
 import re
+from typing import BinaryIO, Callable
 
 from etils import epath
 import numpy as np
@@ -60,16 +61,20 @@ def _shard_paths(directory: epath.Path, index: int) -> tuple[epath.Path, epath.P
   return directory / f"tokens-{index:05d}.npy", directory / f"docs-{index:05d}.npy"
 
 
-def _save(path: epath.Path, array: np.ndarray) -> None:
-  """Writes `array` as .npy under a temporary name, then renames (never half a file)."""
+def write_atomically(path: epath.Path, write: Callable[[BinaryIO], object]) -> None:
+  """Calls `write` on a temporary file, then renames it to `path` (never half a file)."""
   tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
   with tmp.open("wb") as f:
-    np.save(f, array)
+    write(f)
   tmp.rename(path)
 
 
+def _is_local(path: epath.Path) -> bool:
+  return "://" not in os.fspath(path)
+
+
 def _load(path: epath.Path, mmap: bool) -> np.ndarray:
-  if mmap and "://" not in os.fspath(path):
+  if mmap and _is_local(path):
     return np.load(os.fspath(path), mmap_mode="r")
   return np.load(io.BytesIO(path.read_bytes()))
 
@@ -77,8 +82,9 @@ def _load(path: epath.Path, mmap: bool) -> np.ndarray:
 def write_shard(directory: epath.Path, index: int, split: TokenizedSplit) -> None:
   directory.mkdir(parents=True, exist_ok=True)
   tokens_path, docs_path = _shard_paths(directory, index)
-  _save(tokens_path, np.asarray(split.tokens_N))
-  _save(docs_path, np.asarray(split.doc_starts_D1, np.int64))  # last: marks the shard finished
+  write_atomically(tokens_path, lambda f: np.save(f, np.asarray(split.tokens_N)))
+  # Last: the docs file marks the shard finished.
+  write_atomically(docs_path, lambda f: np.save(f, np.asarray(split.doc_starts_D1, np.int64)))
 
 
 def finished_shards(directory: epath.Path) -> int:
@@ -98,9 +104,7 @@ def write_manifest(directory: epath.Path, address: Address, num_shards: int) -> 
     shard_tokens.append(int(docs[-1]))
   manifest = {**address.as_dict(), "num_shards": num_shards, "shard_num_docs": shard_docs,
               "shard_num_tokens": shard_tokens}
-  tmp = directory / f"{MANIFEST}.tmp-{os.getpid()}"
-  tmp.write_text(json.dumps(manifest, indent=1))
-  tmp.rename(directory / MANIFEST)
+  write_atomically(directory / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
 
 
 class PreparedSplit:
@@ -132,19 +136,15 @@ class PreparedSplit:
 
   def doc_starts(self, index: int) -> np.ndarray:
     """int64[D_i + 1] of shard `index` (small: read without its tokens)."""
-    return self.shard(index).doc_starts_D1 if self._is_local else self._docs(index)
+    return self.shard(index).doc_starts_D1 if _is_local(self.directory) else self._docs(index)
 
   @functools.lru_cache(maxsize=None)
   def _docs(self, index: int) -> np.ndarray:
     return _load(_shard_paths(self.directory, index)[1], mmap=False)
 
-  @property
-  def _is_local(self) -> bool:
-    return "://" not in os.fspath(self.directory)
-
   @functools.lru_cache(maxsize=None)
   def shard(self, index: int) -> TokenizedSplit:
-    tokens_path, docs_path = _shard_paths(self.directory, index)
+    tokens_path = _shard_paths(self.directory, index)[0]
     try:
       split = TokenizedSplit(_load(tokens_path, mmap=True), self._docs(index))
     except (OSError, ValueError) as e:

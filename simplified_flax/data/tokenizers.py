@@ -23,6 +23,7 @@ import numpy as np
 from etils import epath  # the workdir may be a gs:// bucket on TPU hosts
 import sentencepiece as spm
 
+from simplified_flax.data import shards
 from simplified_flax.data.errors import DataError
 
 PAD_ID, EOD_ID, MASK_ID = 0, 1, 2
@@ -130,7 +131,7 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, max_chars: int
   writer = io.BytesIO()
   try:
     spm.SentencePieceTrainer.Train(
-        sentence_iterator=_lines(_first_chars(texts, max_chars)),
+        sentence_iterator=_training_lines(texts, max_chars),
         model_writer=writer,
         vocab_size=vocab_size,
         model_type="unigram",
@@ -155,18 +156,14 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, max_chars: int
   return writer.getvalue()
 
 
-def _first_chars(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+def _training_lines(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+  """The non-empty lines of the first `max_chars` characters of `texts`."""
   remaining = max_chars
   for text in texts:
     if remaining <= 0:
       return
-    yield text[:remaining]
+    yield from (line for line in text[:remaining].splitlines() if line)
     remaining -= len(text)
-
-
-def _lines(texts: Iterable[str]) -> Iterator[str]:
-  for text in texts:
-    yield from (line for line in text.splitlines() if line)
 
 
 def build_tokenizer(data_config, workdir: str | None,
@@ -199,10 +196,8 @@ def build_tokenizer(data_config, workdir: str | None,
                               max_chars=data_config.spm_train_chars)
   if path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = path.parent / f"{path.name}.tmp-{os.getpid()}"
-    tmp_path.write_bytes(proto)
-    # A rename, so a crash never leaves half a model that a resumed run would trust.
-    tmp_path.rename(path)
+    # Whole or not at all: a resumed run trusts this file.
+    shards.write_atomically(path, lambda f: f.write(proto))
   return SentencePieceTokenizer(proto, os.fspath(path) if path else "<trained in memory>")
 
 

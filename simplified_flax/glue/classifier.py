@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from simplified_flax.model import layers
 from simplified_flax.training.evaluation import restore_read_only
 
+
 def masked_mean_BD(x_BTD: jax.Array, key_mask_BT: jax.Array | None) -> jax.Array:
   """Mean over the real tokens of each row (all tokens without a mask), float32 [B, D]."""
   x_BTD = x_BTD.astype(jnp.float32)

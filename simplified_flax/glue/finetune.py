@@ -18,16 +18,16 @@ import ml_collections
 import numpy as np
 import optax
 
-from simplified_flax.glue import classifier
-from simplified_flax.glue import tasks as glue
-from simplified_flax.training import metrics_io
-from simplified_flax.glue import metrics as task_metrics
 from simplified_flax.data import tokenizers
 from simplified_flax.data.errors import DataError
-from simplified_flax.training.evaluation import load_config
+from simplified_flax.glue import classifier
+from simplified_flax.glue import metrics as task_metrics
+from simplified_flax.glue import tasks as glue
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training import config_checks
+from simplified_flax.training import metrics_io
 from simplified_flax.training import nonfinite
+from simplified_flax.training.evaluation import load_config
 from simplified_flax.training.step import create_train_state
 
 RESULT_FILE = "result.json"
@@ -124,9 +124,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
   `config` defaults to the run's `config.json`, `ft` to `finetune_defaults()`. Returns (and
   writes to `workdir/result.json`) {"task", "score", "metrics", "pretrained_step", ...}.
   """
-  # ----------------------------------------------------------------------------------------
   # Configs, pretrained encoder, tokenizer, data.
-  # ----------------------------------------------------------------------------------------
   task = glue.get_task(task_name)
   ft = ft if ft is not None else finetune_defaults()
   config_checks.validate_finetune_config(ft)   # before the output folder is created
@@ -151,9 +149,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
                  for name in task.eval_splits}
   config = finetune_config(pretrain_config, ft, len(train_split))
 
-  # ----------------------------------------------------------------------------------------
   # Model: pretrained encoder, fresh head.
-  # ----------------------------------------------------------------------------------------
   model = classifier.Classifier(build_model(config.model, dtype=config.dtype), task.num_labels,
                                 ft.dropout_rate)
   state = create_train_state(config, jax.random.PRNGKey(ft.seed), model=model)
@@ -164,9 +160,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
   logging.info("Fine-tuning step-%d encoder on %s: %d train examples, %d steps.",
                pretrained_step, task.tfds_name, len(train_split), config.num_train_steps)
 
-  # ----------------------------------------------------------------------------------------
   # Loop: epochs of shuffled batches; metrics are read only at log steps and epoch ends.
-  # ----------------------------------------------------------------------------------------
   stale = epath.Path(workdir) / metrics_io.METRICS_FILE
   if jax.process_index() == 0 and stale.exists():   # a fine-tuning run never resumes
     stale.unlink()
@@ -186,9 +180,10 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
                 for name, split in eval_splits.items()}
       row = {f"{name}/{metric}": value for name, values in scores.items()
              for metric, value in values.items()}
-      writer.write_scalars(step, {"epoch": epoch, **row, "score": glue.task_score(scores)})
+      score = glue.task_score(scores)
+      writer.write_scalars(step, {"epoch": epoch, **row, "score": score})
       logging.info("epoch %d | step %d | %s | score %.2f", epoch, step,
-                   " ".join(f"{k} {v:.4f}" for k, v in row.items()), glue.task_score(scores))
+                   " ".join(f"{k} {v:.4f}" for k, v in row.items()), score)
   finally:
     writer.close()
 

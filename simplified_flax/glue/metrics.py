@@ -14,8 +14,6 @@ from typing import Callable
 
 import numpy as np
 
-MetricFn = Callable[[np.ndarray, np.ndarray], float]
-
 
 def accuracy(pred_N, label_N) -> float:
   pred_N, label_N = _pair(pred_N, label_N)
@@ -77,7 +75,7 @@ def spearman(pred_N, label_N) -> float:
   return pearson(average_ranks(pred_N), average_ranks(label_N))
 
 
-METRICS: dict[str, MetricFn] = {
+METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
     "accuracy": accuracy, "f1": f1, "matthews_corr": matthews_corr, "pearson": pearson,
     "spearman": spearman,
 }

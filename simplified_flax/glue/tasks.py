@@ -13,10 +13,6 @@ rows are right-padded with pad and `key_mask` marks the real tokens.
 
 The classifier pools by a masked mean over the real tokens (see classifier.py), so no token
 has to learn to summarise the sequence during fine-tuning.
-
-Scores (`task_score`, `glue_average`): a task's score is the mean of its metrics (MRPC/QQP:
-F1 and accuracy; STS-B: Pearson and Spearman; MNLI: accuracy on matched and mismatched), in
-percent; the GLUE average is the mean over the tasks but WNLI, as crammed BERT reports it.
 """
 import dataclasses
 from typing import Iterator, Sequence
@@ -188,7 +184,8 @@ def num_batches(num_examples: int, batch_size: int) -> int:
 # Scores.
 # ------------------------------------------------------------------------------------------
 def task_score(metrics_by_split: dict[str, dict[str, float]]) -> float:
-  """Mean of every metric over every eval split, in percent."""
+  """A task's score: the mean of all its metrics (`GlueTask.metrics`) over all its eval splits
+  (MNLI: matched and mismatched), in percent."""
   values = [v for split in metrics_by_split.values() for v in split.values()]
   return 100.0 * float(np.mean(values))
 
