@@ -159,11 +159,15 @@ class WorkdirLock:
     tmp.replace(self.workdir / HEARTBEAT_FILE)
 
   def _beat_loop(self) -> None:
+    failing = False
     while not self._stop.wait(self.heartbeat_every_s):
       try:
         self._beat()
+        failing = False
       except OSError as e:   # a storage hiccup must not kill the run; the next beat retries
-        logging.warning("Could not update %s: %s", self.workdir / HEARTBEAT_FILE, e)
+        if not failing:      # once per outage: a full disk would repeat it every beat
+          logging.warning("Could not update %s: %s", self.workdir / HEARTBEAT_FILE, e)
+        failing = True
 
   def release(self) -> None:
     """Stops the heartbeat and removes the lock if this process still holds it."""
