@@ -2,7 +2,6 @@
 killed with SIGKILL and resumed, and the resumed stream checked against an unkilled one."""
 import glob
 import json
-import signal
 import time
 
 import numpy as np
@@ -11,8 +10,7 @@ import pytest
 import configs
 from simplified_flax import prepare as prepare_cli
 from simplified_flax.data import build_pipeline
-from test_train_loop import TINY, log_tail, start_training, subprocess_env, train_rows, \
-    wait_for_rows
+from test_train_loop import TINY, kill_and_resume, subprocess_env, train_rows
 
 pytestmark = pytest.mark.slow
 
@@ -51,13 +49,7 @@ def test_million_documents_prepare_train_kill_resume(tmp_path):
   # Train, SIGKILL after the step-4 checkpoint, resume to the end.
   workdir = tmp_path / "run"
   env = subprocess_env(cache_dir=str(tmp_path / "jax_cache"))  # the resumed run skips compiling
-  proc = start_training(workdir, overrides, env)
-  wait_for_rows(workdir, proc, 25)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=60)
-  assert len(train_rows(workdir)) < STEPS
-  assert start_training(workdir, overrides, env).wait(timeout=600) == 0, log_tail(workdir)
-  assert "Resuming from the checkpoint of step" in log_tail(workdir, 100_000)
+  kill_and_resume(workdir, overrides, env, after_rows=25, steps=STEPS)
   assert sorted(train_rows(workdir)) == list(range(1, STEPS + 1))
 
   # The data state of the kept checkpoint: a resumed iterator reaches its next batch at once,

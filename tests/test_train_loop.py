@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -85,6 +86,18 @@ def wait_for_rows(workdir, proc, count: int, timeout: float = 300) -> None:
     assert proc.poll() is None, f"finished before step {count}:\n{log_tail(workdir)}"
     assert time.time() < deadline, log_tail(workdir)
     time.sleep(0.005)
+
+
+def kill_and_resume(workdir, overrides: dict, env: dict, after_rows: int, steps: int) -> None:
+  """Trains, SIGKILLs the run once `after_rows` rows are logged (before step `steps`), and
+  resumes it with the same command to the end; asserts it resumed from a checkpoint."""
+  proc = start_training(workdir, overrides, env)
+  wait_for_rows(workdir, proc, after_rows)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=60)
+  assert len(train_rows(workdir)) < steps
+  assert start_training(workdir, overrides, env).wait(timeout=600) == 0, log_tail(workdir)
+  assert "Resuming from the checkpoint of step" in log_tail(workdir, 100_000)
 
 
 def train_rows(workdir) -> dict[int, dict]:

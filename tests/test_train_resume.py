@@ -9,8 +9,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from test_train_loop import (TINY, log_tail, start_training, subprocess_env, train_rows,
-                             wait_for_rows, write_corpus)
+from test_train_loop import (TINY, kill_and_resume, log_tail, start_training, subprocess_env,
+                             train_rows, wait_for_rows, write_corpus)
 
 pytestmark = pytest.mark.slow
 
@@ -48,13 +48,7 @@ def test_resume_after_sigkill_or_sigterm_is_exact(tmp_path):
 
   # SIGKILL mid-run (after the step-20 checkpoint started), then resume.
   killed = tmp_path / "killed"
-  proc = start_training(killed, overrides, env)
-  wait_for_rows(killed, proc, 25)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=60)
-  assert len(train_rows(killed)) < STEPS
-  assert start_training(killed, overrides, env).wait(timeout=600) == 0, log_tail(killed)
-  assert "Resuming from the checkpoint of step" in log_tail(killed, 100_000)
+  kill_and_resume(killed, overrides, env, after_rows=25, steps=STEPS)
   _assert_same_run(killed, straight)
 
   # SIGTERM at a random step: saves at the next step, exits 0, then resume.
