@@ -6,6 +6,7 @@ from absl import logging
 import jax
 
 from simplified_flax.training import distributed_failure
+from simplified_flax.training import supervisor
 
 # JAX's own verdict on a silent process: the backstop behind distributed_failure's watchdog,
 # which ends the survivors sooner and with one line (README, "Errors and exit statuses").
@@ -39,7 +40,7 @@ def initialize_distributed(coordinator_address: str | None = None,
     num_processes = int(env["JAX_NUM_PROCESSES"])
   if process_id is None and "JAX_PROCESS_ID" in env:
     process_id = int(env["JAX_PROCESS_ID"])
-  if not auto and coordinator_address is None and num_processes is None:
+  if not supervisor.is_multihost(coordinator_address, num_processes, auto, env):
     return False
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address,

@@ -26,14 +26,25 @@ _JAX_TERMINATES = b"JAX distributed service detected fatal errors"
 _PR_SET_PDEATHSIG = 1
 
 
+def is_multihost(coordinator_address, num_processes, auto: bool, environ) -> bool:
+  """The rule by which `distributed.initialize_distributed` joins a multi-process run (kept
+  here, free of JAX, because the supervisor decides before JAX is imported)."""
+  return bool(auto or coordinator_address or num_processes is not None
+              or environ.get("JAX_COORDINATOR_ADDRESS") or "JAX_NUM_PROCESSES" in environ)
+
+
+def _flag_value(argv, flag: str):
+  """The last `--flag=value` (or "true" for a bare `--flag`) of `argv`, else None."""
+  given = [a.split("=", 1)[1] if "=" in a else "true" for a in argv
+           if a == f"--{flag}" or a.startswith(f"--{flag}=")]
+  return given[-1] if given else None
+
+
 def joins_multihost_run(argv, environ) -> bool:
-  """Whether these arguments make the command join a multi-process run (as
-  `distributed.initialize_distributed` decides it)."""
-  named = lambda flag: any(a == f"--{flag}" or a.startswith(f"--{flag}=") for a in argv)
-  auto = any(a in ("--distributed", "--distributed=true", "--distributed=True",
-                   "--distributed=1") for a in argv)
-  return (auto or named("coordinator_address") or named("num_processes")
-          or "JAX_COORDINATOR_ADDRESS" in environ or "JAX_NUM_PROCESSES" in environ)
+  """Whether these command-line arguments make the command join a multi-process run."""
+  auto = (_flag_value(argv, "distributed") or "false").lower() in ("true", "1")
+  return is_multihost(_flag_value(argv, "coordinator_address"),
+                      _flag_value(argv, "num_processes"), auto, environ)
 
 
 def supervise_if_multihost(program: str) -> None:
@@ -82,8 +93,7 @@ def _lost_message(report: bytes, argv, environ) -> str:
   """distributed_failure's line for the process JAX's report blames: a task it names, or the
   coordinator when the service itself could not be reached."""
   def setting(flag, env):
-    given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{flag}=")]
-    value = given[-1] if given else environ.get(env)
+    value = _flag_value(argv, flag) or environ.get(env)
     return int(value) if value is not None and value.isdigit() else None
   index = setting("process_id", "JAX_PROCESS_ID")
   count = setting("num_processes", "JAX_NUM_PROCESSES")
