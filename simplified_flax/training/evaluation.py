@@ -82,7 +82,7 @@ def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None) -> dict
   abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(config.seed)))
   target = placement.restore_target(abstract)
   restored = restore_read_only(workdir, config, target)
-  state = placement.shard_state(restored.state) if placement.mode == "pmap" else restored.state
+  state = placement.shard_state(restored.state)
   eval_fn = placement.compile_step(eval_step, abstract, returns_state=False)
   result = run_eval(eval_fn, state, pipeline.eval_batches(eval_steps or config.eval_steps),
                     placement)

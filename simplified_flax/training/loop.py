@@ -145,8 +145,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
     metrics_io.truncate_history(os.path.join(workdir, metrics_io.METRICS_FILE), start_step)
     rewind.truncate_tensorboard(workdir, start_step)
   _write_config(workdir, config_dict)
-  if placement.mode == "pmap":
-    state = placement.shard_state(state)
+  state = placement.shard_state(state)   # pmap: one copy per device; jit: already in place
 
   # ----------------------------------------------------------------------------------------
   # Compiled steps and input feeding.
