@@ -31,6 +31,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from simplified_flax.training.fingerprint import fingerprint
+from simplified_flax.training.metrics_io import is_remote
 
 ITEMS = ("state", "data", "config", "meta")
 CHECKPOINT_DIR = "checkpoints"
@@ -101,7 +102,7 @@ def open_read_only(workdir: str) -> ocp.CheckpointManager:
 
 def _directory(workdir: str) -> epath.Path:
   """`<workdir>/checkpoints`, made absolute when local (Orbax wants absolute local paths)."""
-  return epath.Path(workdir if "://" in workdir else os.path.abspath(workdir)) / CHECKPOINT_DIR
+  return epath.Path(workdir if is_remote(workdir) else os.path.abspath(workdir)) / CHECKPOINT_DIR
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_dict: dict,

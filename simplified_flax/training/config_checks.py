@@ -16,8 +16,6 @@ from simplified_flax.model.checks import ConfigError, one_of, require
 SCHEDULES = ("linear", "cosine", "rsqrt", "constant")
 PARALLEL_MODES = ("jit", "pmap")
 TOKENIZERS = ("byte", "sentencepiece")
-# Dataset names that are built from local files; every other name is a tensorflow-datasets one.
-LOCAL_DATASETS = ("python_code", "text_files")
 
 __all__ = ["ConfigError", "validate_config", "validate_run_config", "validate_finetune_config"]
 

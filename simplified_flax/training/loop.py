@@ -104,7 +104,6 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   # ----------------------------------------------------------------------------------------
   # Input and config.
   # ----------------------------------------------------------------------------------------
-  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   if pipeline is None:
     from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
     pipeline = parallel.primary_first(lambda: build_pipeline(config, workdir=workdir), "data")

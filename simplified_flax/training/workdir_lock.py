@@ -24,6 +24,8 @@ import uuid
 from absl import logging
 from etils import epath
 
+from simplified_flax.training.metrics_io import is_remote
+
 LOCK_FILE = "lock.json"
 HEARTBEAT_FILE = "lock.heartbeat"
 HEARTBEAT_EVERY_S = 10.0
@@ -86,7 +88,7 @@ def why_dead(workdir: epath.Path, holder: Holder, stale_after_s: float) -> str |
 
 def _create(path: epath.Path, text: str) -> bool:
   """Creates `path` holding `text` unless it exists; True when this call created it."""
-  if "://" not in str(path):
+  if not is_remote(path):
     try:
       fd = os.open(os.fspath(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
