@@ -26,6 +26,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from simplified_flax.training import distributed_failure   # no JAX at import
+
 USAGE_ERROR, OTHER_ERROR = 2, 1
 VERBOSE_FLAG = "verbose"
 _NO_SPACE_TEXT = ("No space left on device", "[Errno 28]")
@@ -120,16 +122,16 @@ def run(main: Callable[[list[str]], None], program: str) -> None:
     app.run(main, flags_parser=parse_flags)
   except SystemExit as done:
     if not done.code:
-      _mark_done()
+      distributed_failure.mark_done()
     raise
   except KeyboardInterrupt:
     raise
   except BaseException as error:  # pylint: disable=broad-except
-    lost = _explain_peer_loss(error)
+    lost = distributed_failure.explain(error_chain(error))
     if lost is not None:
       if verbose:
         traceback.print_exc()
-      _stop_after_peer_loss(lost, program)
+      distributed_failure.stop(lost, program)
     status = exit_status(error)
     if status is None:
       raise   # a bug: keep the traceback
@@ -201,21 +203,6 @@ def _field_paths(config, prefix: str = ""):
       yield from _field_paths(value, f"{prefix}{key}.")
 
 
-def _mark_done() -> None:
-  if "simplified_flax.training.distributed_failure" in sys.modules:
-    sys.modules["simplified_flax.training.distributed_failure"].mark_done()
-
-
-def _explain_peer_loss(error: BaseException):
-  if "simplified_flax.training.distributed_failure" not in sys.modules:
-    return None   # never joined a multi-host run
-  return sys.modules["simplified_flax.training.distributed_failure"].explain(error)
-
-
-def _stop_after_peer_loss(lost, program: str) -> None:
-  sys.modules["simplified_flax.training.distributed_failure"].stop(lost, program)
-
-
 def _verbose_requested(argv: Sequence[str]) -> bool:
   return any(a in (f"--{VERBOSE_FLAG}", f"--{VERBOSE_FLAG}=true", f"--{VERBOSE_FLAG}=1",
                    f"--{VERBOSE_FLAG}=True") for a in argv)
@@ -250,7 +237,6 @@ def _user_error_types():
   from simplified_flax.training import checkpoints
   from simplified_flax.training import nonfinite
   from simplified_flax.training import workdir_lock
-  from simplified_flax.training import distributed_failure
   usage = (ConfigError, UnknownOverrideError, app.UsageError)
   other = (DataError, checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
            checkpoints.WorkdirError, workdir_lock.WorkdirLockedError,

@@ -59,11 +59,10 @@ def mark_done() -> None:
   """Tells the other processes that this one finished and is not lost; stops the watchdog
   (the coordinator going away after the final barrier is no failure)."""
   _done.set()
-  client = _client()
-  if _started is None or client is None:
-    return
+  if _started is None:
+    return   # never joined a multi-host run
   try:
-    client.key_value_set(_DONE_KEY.format(_process()[0]), "1", allow_overwrite=True)
+    _client().key_value_set(_DONE_KEY.format(_process()[0]), "1", allow_overwrite=True)
   except Exception:  # pylint: disable=broad-except
     pass   # the coordinator is already gone: nobody is left to tell
 
@@ -111,13 +110,13 @@ def message(index: int, count: int, lost: list[str]) -> str:
           f"complete checkpoint.")
 
 
-def explain(error: BaseException) -> PeerLostError | None:
-  """For an error of a multi-host run that a lost peer caused, the PeerLostError naming the
-  peer (waiting up to LOST_AFTER_S for its silence to show); else None."""
+def explain(errors) -> PeerLostError | None:
+  """For an error of a multi-host run that a lost peer caused (`errors`: it, its causes and
+  contexts), the PeerLostError naming the peer (waiting up to LOST_AFTER_S for its silence to
+  show); else None, at once in a single-process run."""
   if _started is None:
     return None
-  from simplified_flax import cli  # pylint: disable=import-outside-toplevel
-  if not any(any(text in str(e) for text in PEER_LOSS_TEXT) for e in cli.error_chain(error)):
+  if not any(any(text in str(e) for text in PEER_LOSS_TEXT) for e in errors):
     return None
   index, count = _process()
   deadline = time.time() + LOST_AFTER_S + HEARTBEAT_EVERY_S
