@@ -1,5 +1,7 @@
 """The one parameter counter: sizes of variable trees, and of a config's model without
 allocating it (`jax.eval_shape`)."""
+import functools
+import json
 from typing import Dict
 
 import jax
@@ -24,8 +26,14 @@ def variable_shapes(model_config):
 
 
 def parameter_shapes(config_dict: dict) -> dict[str, tuple[int, ...]]:
-  """{parameter path: shape} of the model a (saved, JSON) config dict describes."""
-  params = variable_shapes(ml_collections.ConfigDict(config_dict["model"]))["params"]
+  """{parameter path: shape} of the model a (saved, JSON) config dict describes; traced once
+  per distinct model config (a restore compares each checkpoint it tries)."""
+  return dict(_parameter_shapes(json.dumps(config_dict["model"], sort_keys=True)))
+
+
+@functools.lru_cache(maxsize=32)
+def _parameter_shapes(model_json: str) -> dict[str, tuple[int, ...]]:
+  params = variable_shapes(ml_collections.ConfigDict(json.loads(model_json)))["params"]
   return {jax.tree_util.keystr(path): tuple(x.shape)
           for path, x in jax.tree_util.tree_leaves_with_path(params)}
 

@@ -18,7 +18,6 @@ Guarantees:
   `IncompatibleCheckpointError` naming the fields; checkpoints are never touched for that.
 """
 import dataclasses
-import json
 import os
 import shutil
 import time
@@ -157,7 +156,6 @@ def check_compatible(saved: dict, new: dict, param_shapes: Callable[[dict], dict
                      where: str) -> None:
   """Raises IncompatibleCheckpointError when `saved` and `new` give different parameters."""
   diffs = config_differences(saved, new)
-  param_shapes = _cached(param_shapes)
   culprits = shape_changing_fields(saved, new, param_shapes)
   if culprits:
     listing = ", ".join(f"{k} (saved {diffs[k][0]!r}, now {diffs[k][1]!r})" for k in culprits)
@@ -172,20 +170,6 @@ def check_compatible(saved: dict, new: dict, param_shapes: Callable[[dict], dict
   if others:
     logging.warning("Resuming with config changes that keep parameter shapes: %s",
                     ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in others.items()))
-
-
-_SHAPES_CACHE: dict[tuple[int, str], dict] = {}
-
-
-def _cached(param_shapes: Callable[[dict], dict]) -> Callable[[dict], dict]:
-  """`param_shapes` computed once per distinct model config (restore tries several steps)."""
-  def shapes(config_dict: dict) -> dict:
-    key = (id(param_shapes), json.dumps({"model": config_dict.get("model"),
-                                         "dtype": config_dict.get("dtype")}, sort_keys=True))
-    if key not in _SHAPES_CACHE:
-      _SHAPES_CACHE[key] = param_shapes(config_dict)
-    return _SHAPES_CACHE[key]
-  return shapes
 
 
 # ------------------------------------------------------------------- restore with fall-back
