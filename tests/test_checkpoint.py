@@ -81,13 +81,32 @@ def test_check_compatible_raises_naming_fields_and_values():
 # ------------------------------------------------------------------------------------------
 # Metrics history.
 # ------------------------------------------------------------------------------------------
-def test_truncate_history_drops_later_and_torn_rows(tmp_path):
+def test_truncate_history_drops_later_and_torn_rows_and_summaries(tmp_path):
   path = tmp_path / "metrics.jsonl"
   rows = [{"step": s, "loss": 1.0 / s} for s in range(1, 6)]
   path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 6, "lo')
   assert len(metrics_io.read_history(str(path))) == 5
-  metrics_io.truncate_history(str(path), 3)
+  writer = metrics_io.TensorBoardWriter(str(tmp_path / "tensorboard"))
+  for r in rows:
+    writer.write_scalars(r["step"], {"loss": r["loss"]})
+  writer.close()
+  events, = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+  whole = events.read_bytes()
+  events.write_bytes(whole + whole[-40:-10])          # a killed writer's half record
+  records, torn = metrics_io.read_records(events.read_bytes())
+  assert len(records) == 1 + len(rows) and torn        # the file-version event, 5 summaries
+
+  metrics_io.truncate_history(str(tmp_path), 3)
   assert metrics_io.read_history(str(path)) == rows[:3]
+  # TensorFlow's own reader, independent of ours, sees steps 1-3 and a whole file.
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from tensorboard.compat.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  read = [event_pb2.Event.FromString(bytes(r.numpy()))
+          for r in tf.data.TFRecordDataset(str(events))]
+  assert read[0].file_version == "brain.Event:2"
+  assert [(e.step, e.summary.value[0].simple_value) for e in read[1:]] == [
+      (r["step"], pytest.approx(r["loss"])) for r in rows[:3]]
+  assert list(tmp_path.glob("**/*.tmp*")) == []
 
 
 def test_jsonl_writer_writes_one_row_per_call(tmp_path):

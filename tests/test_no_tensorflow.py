@@ -1,7 +1,8 @@
 """The core runs without TensorFlow: with `tensorflow` and `tensorflow_datasets` made
-unimportable (blocked in sys.modules, in a child process), the model, the train step, the optimiser,
-the Orbax checkpoint save/restore, decoding, the configs and the benchmark import and run.
-A user with their own data loader (here: random tokens) never needs TensorFlow."""
+unimportable (blocked in sys.modules, in a child process), the model, the train step, the
+optimiser, the Orbax checkpoint save/restore, a resume's cut of the metrics history and
+TensorBoard events, decoding, the configs and the benchmark import and run. A user with their
+own data loader (here: random tokens) never needs TensorFlow."""
 import subprocess
 import sys
 import textwrap
@@ -9,6 +10,7 @@ import textwrap
 from test_train_loop import REPO, subprocess_env
 
 CHILD = textwrap.dedent('''
+    import pathlib
     import sys
     # None in sys.modules is Python's own import block: `import tensorflow` raises
     # ImportError and importlib.util.find_spec("tensorflow") answers None, as when absent.
@@ -34,8 +36,13 @@ CHILD = textwrap.dedent('''
     assert np.isfinite(float(metrics["loss"])) and int(state.step) == 1
 
     writer = metrics_io.make_writer(workdir)                   # metrics.jsonl + TensorBoard
-    writer.write_scalars(1, {"loss": float(metrics["loss"])})
+    for step in (1, 2):
+      writer.write_scalars(step, {"loss": float(metrics["loss"])})
     writer.close()
+    metrics_io.truncate_history(workdir, 1)     # what a resume from step 1 does
+    events, = pathlib.Path(workdir, "tensorboard").glob("events.out.tfevents.*")
+    records, torn = metrics_io.read_records(events.read_bytes())
+    assert len(records) == 2 and not torn, records   # the file-version event and step 1
     config_dict = config.to_dict()
     manager = checkpoints.make_manager(workdir, 2, 1)
     checkpoints.save(manager, 1, state, {}, config_dict, {})

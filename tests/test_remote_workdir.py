@@ -116,3 +116,40 @@ def test_gs_workdir_train_kill_resume_evaluate_sample(gcs, tmp_path):
   assert sample.returncode == 0, sample.stderr[-3000:]
   assert f"# step {STEPS} of {workdir}" in sample.stderr
   assert not os.path.exists(os.path.join(REPO, "gs:")), "wrote a local folder named gs:"
+
+
+def test_gs_rewind_moves_steps_and_history_inside_the_bucket(gcs, monkeypatch):
+  """restore_step's set-aside (the same folder move as a corrupt step's) and a resume's cut of
+  metrics.jsonl and the TensorBoard events, on gs:// in this process: nothing lands locally."""
+  import gcsfs   # pylint: disable=import-outside-toplevel
+  import etils.epath.gpath as gpath   # pylint: disable=import-outside-toplevel
+  from etils import epath   # pylint: disable=import-outside-toplevel
+  from simplified_flax.training import metrics_io, rewind   # pylint: disable=import-outside-toplevel
+  fs, _ = gcs
+  monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)    # epath through gcsfs
+  gcsfs.GCSFileSystem.clear_instance_cache()                       # this test's emulator
+  run = f"gs://{BUCKET}/run"
+  for step in (4, 8):
+    for name in ("_CHECKPOINT_METADATA", "state/manifest.ocdbt", "state/d/0"):
+      fs.pipe(f"{BUCKET}/run/checkpoints/{step}/{name}", f"{step}/{name}".encode())
+  writer = metrics_io.make_writer(run)
+  for step in range(1, 9):
+    writer.write_scalars(step, {"loss": 1.0 / step})
+  writer.close()
+  manager = type("Manager", (), {"directory": epath.Path(f"{run}/checkpoints"),
+                                 "reload": lambda self: None})()
+
+  dest = rewind.set_aside(run, manager, 4, [8])
+  aside = str(dest).removeprefix("gs://")
+  assert fs.cat(f"{aside}/checkpoints/8/state/d/0") == b"8/state/d/0"
+  assert not fs.exists(f"{BUCKET}/run/checkpoints/8") and fs.exists(f"{BUCKET}/run/checkpoints/4")
+  assert [r["step"] for r in metrics_io.read_history(dest / "metrics.jsonl")] == [5, 6, 7, 8]
+  assert len(fs.ls(f"{aside}/tensorboard")) == 1
+
+  metrics_io.truncate_history(run, 4)
+  assert [r["step"] for r in metrics_io.read_history(f"{run}/metrics.jsonl")] == [1, 2, 3, 4]
+  events, = fs.ls(f"{BUCKET}/run/tensorboard")
+  records, torn = metrics_io.read_records(fs.cat(events))
+  assert len(records) == 1 + 4 and not torn          # the file-version event and steps 1-4
+  assert not [p for p in fs.find(BUCKET) if ".tmp-" in p]
+  assert not os.path.exists(os.path.join(REPO, "gs:")), "wrote a local folder named gs:"

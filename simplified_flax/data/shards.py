@@ -25,13 +25,13 @@ import io
 import json
 import os
 import re
-from typing import BinaryIO, Callable
 
 from etils import epath
 import numpy as np
 
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.sequences import TokenizedSplit
+from simplified_flax.storage import is_remote, write_atomically
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -61,20 +61,8 @@ def _shard_paths(directory: epath.Path, index: int) -> tuple[epath.Path, epath.P
   return directory / f"tokens-{index:05d}.npy", directory / f"docs-{index:05d}.npy"
 
 
-def write_atomically(path: epath.Path, write: Callable[[BinaryIO], object]) -> None:
-  """Calls `write` on a temporary file, then renames it to `path` (never half a file)."""
-  tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
-  with tmp.open("wb") as f:
-    write(f)
-  tmp.rename(path)
-
-
-def _is_local(path: epath.Path) -> bool:
-  return "://" not in os.fspath(path)
-
-
 def _load(path: epath.Path, mmap: bool) -> np.ndarray:
-  if mmap and _is_local(path):
+  if mmap and not is_remote(path):
     return np.load(os.fspath(path), mmap_mode="r")
   return np.load(io.BytesIO(path.read_bytes()))
 
@@ -136,7 +124,7 @@ class PreparedSplit:
 
   def doc_starts(self, index: int) -> np.ndarray:
     """int64[D_i + 1] of shard `index` (small: read without its tokens)."""
-    return self.shard(index).doc_starts_D1 if _is_local(self.directory) else self._docs(index)
+    return self.shard(index).doc_starts_D1 if not is_remote(self.directory) else self._docs(index)
 
   @functools.lru_cache(maxsize=None)
   def _docs(self, index: int) -> np.ndarray:

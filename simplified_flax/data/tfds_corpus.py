@@ -18,6 +18,7 @@ from typing import Any, Iterator
 from absl import logging
 
 from simplified_flax.data.errors import DataError
+from simplified_flax.storage import is_remote
 
 _READ_BATCH = 256  # documents per tf.data -> numpy hop (one hop per document is slow)
 
@@ -117,7 +118,7 @@ def _text_key(builder, text_key: str) -> str:
 def _prepare_lock(data_dir: str):
   """Serialises preparation of one dataset across this machine's processes: the first
   prepares, the others then find it prepared. Remote storage (gs://) takes no local lock."""
-  if "://" in data_dir:
+  if is_remote(data_dir):
     yield
     return
   parent = os.path.dirname(data_dir.rstrip("/"))

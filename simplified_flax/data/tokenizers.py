@@ -23,8 +23,8 @@ import numpy as np
 from etils import epath  # the workdir may be a gs:// bucket on TPU hosts
 import sentencepiece as spm
 
-from simplified_flax.data import shards
 from simplified_flax.data.errors import DataError
+from simplified_flax.storage import write_atomically
 
 PAD_ID, EOD_ID, MASK_ID = 0, 1, 2
 TOKENIZER_FILENAME = "tokenizer.model"
@@ -197,7 +197,7 @@ def build_tokenizer(data_config, workdir: str | None,
   if path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Whole or not at all: a resumed run trusts this file.
-    shards.write_atomically(path, lambda f: f.write(proto))
+    write_atomically(path, lambda f: f.write(proto))
   return SentencePieceTokenizer(proto, os.fspath(path) if path else "<trained in memory>")
 
 

@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from simplified_flax import storage
 from simplified_flax.data import tokenizers
 from simplified_flax.data.errors import DataError
 from simplified_flax.glue import classifier
@@ -188,7 +189,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
     writer.close()
 
   result = {"task": task.name, "score": glue.task_score(scores), "metrics": scores,
-            "pretrained_workdir": (pretrained_workdir if metrics_io.is_remote(pretrained_workdir)
+            "pretrained_workdir": (pretrained_workdir if storage.is_remote(pretrained_workdir)
                                    else os.path.abspath(pretrained_workdir)),
             "pretrained_step": int(pretrained_step), "steps": step,
             "train_examples": len(train_split)}

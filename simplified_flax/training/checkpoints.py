@@ -19,7 +19,6 @@ Guarantees:
 """
 import dataclasses
 import os
-import shutil
 import time
 from typing import Any, Callable
 
@@ -29,8 +28,8 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from simplified_flax import storage
 from simplified_flax.training.fingerprint import fingerprint
-from simplified_flax.training.metrics_io import is_remote
 
 ITEMS = ("state", "data", "config", "meta")
 CHECKPOINT_DIR = "checkpoints"
@@ -101,7 +100,7 @@ def open_read_only(workdir: str) -> ocp.CheckpointManager:
 
 def _directory(workdir: str) -> epath.Path:
   """`<workdir>/checkpoints`, made absolute when local (Orbax wants absolute local paths)."""
-  return epath.Path(workdir if is_remote(workdir) else os.path.abspath(workdir)) / CHECKPOINT_DIR
+  return epath.Path(workdir if storage.is_remote(workdir) else os.path.abspath(workdir)) / CHECKPOINT_DIR
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_dict: dict,
@@ -235,11 +234,11 @@ def _try_restore(manager, step, target_state, new_config, param_shapes):
 
 def _set_aside(manager: ocp.CheckpointManager, step: int, workdir: str, why: str) -> None:
   """Moves a bad step to <workdir>/corrupt_checkpoints/ (process 0 moves, all wait)."""
-  source = os.path.join(str(manager.directory), str(step))
-  dest = os.path.join(workdir, CORRUPT_DIR, f"{step}-{int(time.time())}")
+  source = epath.Path(manager.directory) / str(step)
+  dest = epath.Path(workdir) / CORRUPT_DIR / f"{step}-{int(time.time())}"
   logging.error("Moving the bad checkpoint %s to %s (%s).", source, dest, why)
   if jax.process_index() == 0:
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    shutil.move(source, dest)
+    storage.move_folder(source, dest)
   multihost_utils.sync_global_devices(f"set_aside_checkpoint_{step}")
   manager.reload()
+

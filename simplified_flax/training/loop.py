@@ -8,13 +8,13 @@ returns. The pure steps it compiles live in `training/step.py`.
 import functools
 import itertools
 import json
-import os
 import signal
 import threading
 
 from etils import epath
 import jax
 
+from simplified_flax import storage
 from simplified_flax.data.prefetch import Prefetcher
 from simplified_flax.training import checkpoints as checkpoint
 from simplified_flax.training import config_checks
@@ -68,14 +68,8 @@ def _console(message: str) -> None:
 def _write_config(workdir: str, config_dict: dict) -> None:
   """Process 0 writes config.json (through epath: the workdir may be gs://...)."""
   if jax.process_index() == 0:
-    text = json.dumps(config_dict, indent=2, sort_keys=True)
-    if metrics_io.is_remote(workdir):
-      (epath.Path(workdir) / CONFIG_FILE).write_text(text)   # object writes are atomic
-      return
-    tmp = os.path.join(workdir, CONFIG_FILE + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(tmp, os.path.join(workdir, CONFIG_FILE))
+    text = json.dumps(config_dict, indent=2, sort_keys=True).encode()
+    storage.write_atomically(epath.Path(workdir) / CONFIG_FILE, lambda f: f.write(text))
 
 
 def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
@@ -141,8 +135,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
     start_step, elapsed = restored.step, float(restored.meta.get("elapsed_s", 0.0))
     _console(f"Resuming from the checkpoint of step {start_step}.")
   if jax.process_index() == 0:
-    metrics_io.truncate_history(os.path.join(workdir, metrics_io.METRICS_FILE), start_step)
-    rewind.truncate_tensorboard(workdir, start_step)
+    metrics_io.truncate_history(workdir, start_step)
   _write_config(workdir, config_dict)
   state = placement.shard_state(state)   # pmap: one copy per device; jit: already in place
 

@@ -16,8 +16,10 @@ file reads as one uninterrupted run. Only process 0 writes. Every file goes thro
 needs TensorFlow.
 """
 import contextlib
+import io
 import json
 import math
+import struct
 import time
 from typing import Any, Mapping
 
@@ -25,16 +27,13 @@ from absl import logging
 from etils import epath
 import jax
 
+from simplified_flax.storage import is_remote, write_atomically
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 # Object stores (gs://, s3://) cannot append: a remote metrics.jsonl is rewritten whole, at
 # most this often (and at every flush/close, which the loop calls before each checkpoint).
 REMOTE_REWRITE_EVERY_S = 30.0
-
-
-def is_remote(path) -> bool:
-  """True for a URI path (gs://, s3://, ...), which lives in an object store."""
-  return "://" in str(path)
 
 
 class JsonlWriter:
@@ -61,7 +60,8 @@ class JsonlWriter:
 
   def flush(self) -> None:
     if self._remote:
-      self._path.write_text("".join(r + "\n" for r in self._rows))
+      text = "".join(r + "\n" for r in self._rows).encode()
+      write_atomically(self._path, lambda f: f.write(text))
       self._last_rewrite = time.time()
     else:
       self._file.flush()
@@ -136,19 +136,56 @@ def read_history(path: str) -> list[dict]:
   return rows
 
 
-def truncate_history(path: str, last_step: int) -> None:
-  """Keeps the rows with step <= last_step (rewrites the file; locally atomically)."""
-  path = epath.Path(path)
-  if not path.exists():
+def truncate_history(workdir: str, last_step: int) -> None:
+  """Drops what a killed or rewound run logged after `last_step`: the rows of metrics.jsonl and
+  the summaries of the TensorBoard event files, each file replaced whole; a torn last row or
+  event record is dropped too. Needs no TensorFlow."""
+  path = epath.Path(workdir) / METRICS_FILE
+  if path.exists():
+    text = "".join(json.dumps(r) + "\n" for r in read_history(path)
+                   if r.get("step", 0) <= last_step).encode()
+    write_atomically(path, lambda f: f.write(text))
+  tensorboard = epath.Path(workdir) / TENSORBOARD_DIR
+  if not tensorboard.exists():
     return
-  text = "".join(json.dumps(r) + "\n" for r in read_history(path)
-                 if r.get("step", 0) <= last_step)
-  if is_remote(path):
-    path.write_text(text)          # an object store replaces an object atomically
-    return
-  tmp = path.parent / (path.name + ".tmp")
-  tmp.write_text(text)
-  tmp.replace(path)
+  # pylint: disable=import-outside-toplevel
+  from tensorboard.compat.proto import event_pb2
+  from tensorboard.summary.writer.record_writer import RecordWriter
+  for events in tensorboard.glob("events.out.tfevents.*"):
+    records, torn = read_records(events.read_bytes())
+    kept = [r for r in records if not _summary_after(event_pb2.Event.FromString(r), last_step)]
+    if len(kept) < len(records) or torn:
+      buffer = io.BytesIO()
+      for record in kept:
+        RecordWriter(buffer).write(record)
+      write_atomically(events, lambda f: f.write(buffer.getvalue()))
+
+
+def read_records(data: bytes) -> tuple[list[bytes], bool]:
+  """(the records in a TFRecord file's bytes, whether a torn or corrupt record ends it).
+
+  A record is <u64 length><u32 masked crc32c of the length><data><u32 masked crc32c of the
+  data>; everything from the first bad record on is left out (a killed writer's tail).
+  """
+  # pylint: disable-next=import-outside-toplevel
+  from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+  records, offset = [], 0
+  while offset + 12 <= len(data):
+    (length,), (length_crc,) = (struct.unpack_from("<Q", data, offset),
+                                struct.unpack_from("<I", data, offset + 8))
+    end = offset + 16 + length
+    if length_crc != masked_crc32c(data[offset:offset + 8]) or end > len(data):
+      break
+    body = data[offset + 12:end - 4]
+    if struct.unpack_from("<I", data, end - 4)[0] != masked_crc32c(body):
+      break
+    records.append(body)
+    offset = end
+  return records, offset < len(data)
+
+
+def _summary_after(event, last_step: int) -> bool:
+  return event.HasField("summary") and event.step > last_step
 
 
 def make_writer(workdir: str, tensorboard: bool = True) -> MultiWriter:

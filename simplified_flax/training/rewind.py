@@ -9,12 +9,11 @@
 
 A rewind is done once: the checkpoints saved after it record the same restore_step, so
 rerunning the same command later (after a preemption, say) resumes from the latest step
-instead of rewinding again. Every resume also drops the TensorBoard events after the
-restored step (a run that died wrote them), as metrics.jsonl drops its rows.
+instead of rewinding again. Every resume then drops the rows and TensorBoard summaries after
+the restored step (`metrics_io.truncate_history`). Every file goes through `etils.epath`, so a
+gs:// workdir rewinds in its bucket.
 """
 import json
-import os
-import shutil
 import time
 
 from absl import logging
@@ -23,8 +22,9 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from simplified_flax import storage
 from simplified_flax.model.checks import ConfigError
-from simplified_flax.training import metrics_io
+from simplified_flax.training import checkpoints, metrics_io
 
 SET_ASIDE_DIR = "set_aside"
 
@@ -61,67 +61,27 @@ def plan(manager: ocp.CheckpointManager, restore_step: int | None) -> tuple[int 
 
 
 def set_aside(workdir: str, manager: ocp.CheckpointManager, restore_step: int,
-              later_steps: list[int]) -> str | None:
+              later_steps: list[int]) -> epath.Path | None:
   """Moves `later_steps` and the history after `restore_step` to a new folder under
   `<workdir>/set_aside/` (process 0 moves, all wait); returns that folder."""
-  rows = [r for r in metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
+  workdir = epath.Path(workdir)
+  rows = [r for r in metrics_io.read_history(workdir / metrics_io.METRICS_FILE)
           if r.get("step", 0) > restore_step]
   if not later_steps and not rows:
     return None
-  dest = os.path.join(workdir, SET_ASIDE_DIR,
-                      f"after_step_{restore_step}_{time.strftime('%Y%m%d-%H%M%S')}")
+  dest = workdir / SET_ASIDE_DIR / f"after_step_{restore_step}_{time.strftime('%Y%m%d-%H%M%S')}"
   if jax.process_index() == 0:
-    os.makedirs(os.path.join(dest, "checkpoints"), exist_ok=True)
     for step in later_steps:
-      _move(os.path.join(str(manager.directory), str(step)),
-            os.path.join(dest, "checkpoints", str(step)))
+      storage.move_folder(epath.Path(manager.directory) / str(step),
+                          dest / checkpoints.CHECKPOINT_DIR / str(step))
+    dest.mkdir(parents=True, exist_ok=True)
     if rows:
-      with open(os.path.join(dest, metrics_io.METRICS_FILE), "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    tensorboard = os.path.join(workdir, metrics_io.TENSORBOARD_DIR)
-    if os.path.isdir(tensorboard):
-      shutil.copytree(tensorboard, os.path.join(dest, metrics_io.TENSORBOARD_DIR))
+      (dest / metrics_io.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for events in (workdir / metrics_io.TENSORBOARD_DIR).glob("events.out.tfevents.*"):
+      (dest / metrics_io.TENSORBOARD_DIR).mkdir(parents=True, exist_ok=True)
+      events.copy(dest / metrics_io.TENSORBOARD_DIR / events.name)
   multihost_utils.sync_global_devices(f"rewind_to_{restore_step}")
   manager.reload()
   logging.warning("Rewound to step %d: steps %s and the later history are in %s.",
                   restore_step, later_steps, dest)
   return dest
-
-
-def _move(source: str, dest: str) -> None:
-  if metrics_io.is_remote(source):
-    epath.Path(source).rename(dest)
-  else:
-    shutil.move(source, dest)
-
-
-def truncate_tensorboard(workdir: str, last_step: int) -> int:
-  """Drops the summaries after `last_step` from every event file of `<workdir>/tensorboard`
-  (each file rewritten atomically); returns how many events were dropped."""
-  directory = os.path.join(workdir, metrics_io.TENSORBOARD_DIR)
-  if jax.process_index() != 0 or not os.path.isdir(directory):
-    return 0
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel  (slow: only on resume)
-  from tensorboard.compat.proto import event_pb2  # pylint: disable=import-outside-toplevel
-  dropped = 0
-  for path in tf.io.gfile.glob(os.path.join(directory, "**", "events.out.tfevents.*")) + \
-      tf.io.gfile.glob(os.path.join(directory, "events.out.tfevents.*")):
-    records, torn = [], False
-    try:
-      for record in tf.data.TFRecordDataset(path):
-        records.append(bytes(record.numpy()))
-    except tf.errors.DataLossError:
-      torn = True   # the last record of a killed writer: drop it too
-    kept = [r for r in records if not _is_after(event_pb2.Event.FromString(r), last_step)]
-    if len(kept) == len(records) and not torn:
-      continue
-    dropped += len(records) - len(kept)
-    with tf.io.TFRecordWriter(path + ".tmp") as writer:
-      for record in kept:
-        writer.write(record)
-    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-  return dropped
-
-
-def _is_after(event, last_step: int) -> bool:
-  return event.HasField("summary") and event.step > last_step

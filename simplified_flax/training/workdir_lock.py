@@ -24,7 +24,7 @@ import uuid
 from absl import logging
 from etils import epath
 
-from simplified_flax.training.metrics_io import is_remote
+from simplified_flax.storage import is_remote, write_atomically
 
 LOCK_FILE = "lock.json"
 HEARTBEAT_FILE = "lock.heartbeat"
@@ -155,10 +155,8 @@ class WorkdirLock:
     raise WorkdirLockedError(f"Could not lock {self.workdir}: other runs keep starting on it.")
 
   def _beat(self) -> None:
-    # Written aside and renamed, so that a reader never sees a half-written heartbeat.
-    tmp = self.workdir / f"{HEARTBEAT_FILE}.{self.holder.token}.tmp"
-    tmp.write_text(json.dumps({"time": time.time(), "token": self.holder.token}))
-    tmp.replace(self.workdir / HEARTBEAT_FILE)
+    beat = json.dumps({"time": time.time(), "token": self.holder.token}).encode()
+    write_atomically(self.workdir / HEARTBEAT_FILE, lambda f: f.write(beat))
 
   def _beat_loop(self) -> None:
     failing = False

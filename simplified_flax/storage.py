@@ -1,0 +1,47 @@
+"""Files written through `etils.epath`, the same way for a local path and an object store
+(gs://, s3://): a file is replaced whole, never seen half-written, and a folder moves whole.
+"""
+import os
+from typing import BinaryIO, Callable
+
+from etils import epath
+
+
+def is_remote(path) -> bool:
+  """True for a URI path (gs://, s3://, ...), which lives in an object store."""
+  return "://" in os.fspath(path)
+
+
+def write_atomically(path, write: Callable[[BinaryIO], object]) -> None:
+  """Calls `write` on a temporary sibling of `path`, then renames it over `path`: a reader, or
+  a run that is killed meanwhile, sees the old file or the new one, never half of one."""
+  path = epath.Path(path)
+  tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
+  with tmp.open("wb") as f:
+    write(f)
+  tmp.replace(path)
+
+
+def move_folder(source, dest) -> None:
+  """Moves the folder `source` to `dest`, making dest's parents. Locally one rename; an object
+  store has no folders to rename, so every object is copied before any is deleted, and
+  `source` stays whole until its copy is."""
+  source, dest = epath.Path(source), epath.Path(dest)
+  dest.parent.mkdir(parents=True, exist_ok=True)
+  if not is_remote(source):
+    source.rename(dest)
+    return
+  files = list(_files_under(source))
+  for file in files:
+    target = dest / file.relative_to(source)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    file.copy(target)
+  source.rmtree()
+
+
+def _files_under(folder: epath.Path):
+  for child in folder.iterdir():
+    if child.is_dir():
+      yield from _files_under(child)
+    else:
+      yield child
