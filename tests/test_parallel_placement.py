@@ -7,6 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from simplified_flax.data.prefetch import Prefetcher
+from simplified_flax.model.checks import ConfigError
 from simplified_flax.training import distributed
 from simplified_flax.training import placement as parallel
 
@@ -27,9 +28,9 @@ def _config(mode="jit", fsdp=1, batch_size=8):
 
 
 def test_placement_rejects_bad_settings():
-  with pytest.raises(ValueError, match="parallel.fsdp=2 needs parallel.mode='jit'"):
+  with pytest.raises(ConfigError, match="parallel.fsdp=2 shards parameters only under"):
     parallel.Placement.from_config(_config("pmap", 2))
-  with pytest.raises(ValueError, match="parallel.mode='spmd'"):
+  with pytest.raises(ConfigError, match="parallel.mode='spmd'"):
     parallel.Placement.from_config(_config("spmd"))
   with pytest.raises(ValueError, match="parallel.fsdp=3"):
     parallel.make_mesh(3)
