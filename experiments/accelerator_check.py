@@ -131,8 +131,8 @@ def run_check(settings: dict, corpus_N: np.ndarray, parts_wanted: str, save) -> 
         "model.attention_impl": "fused"}))
     named.update(grad_rules_variants(settings["bench"]))
     runners = parts.make_runners(named, settings["bench_batches"])
-    done("throughput", parts.throughput(runners, settings["rounds"], settings["steps"],
-                                        settings["matmul_size"]))
+    done("throughput", benchmark.measure(list(runners.values()), settings["rounds"],
+                                         settings["steps"], settings["matmul_size"]))
     del runners
     print(benchmark.table(results["throughput"]), flush=True)
   if "c" in parts_wanted:

@@ -1,4 +1,5 @@
-"""The four measurements of `accelerator_check.py`, each a function of a small settings dict.
+"""The four measurements of `accelerator_check.py`, each a function of a small settings dict
+(b's round-robin timing is `benchmark.measure`, shared with the benchmark command).
 
 Each returns plain JSON-able results; nothing here writes files or parses flags. Shapes are
 the caller's: the full check uses the paper's (18 layers, D=768, H=12, T=128, V=50,257),
@@ -126,21 +127,6 @@ def make_runners(named: Mapping[str, Any], batch_sizes: Sequence[int]) -> Dict[s
       print(f"batch {batch_size} does not fit ({str(err).splitlines()[0][:120]}); halving",
             flush=True)
   raise RuntimeError(f"No batch size of {list(batch_sizes)} fits.")
-
-
-def throughput(runners: Mapping[str, Any], rounds: int, steps: int, matmul_size: int):
-  """Round-robin timing as `python -m simplified_flax.benchmark` does: results by name, with
-  speedups paired to the first runner, MFU against the measured and the nominal peak."""
-  order = list(runners.values())
-  dtype_name = order[0].config.dtype
-  measure_peak = benchmark.matmul_peak(jnp.dtype(dtype_name), matmul_size)
-  peaks = []
-  for round_index in range(rounds):
-    start = round_index % len(order)
-    for runner in order[start:] + order[:start]:
-      runner.times.append(runner.run(steps))
-    peaks.append(measure_peak())
-  return benchmark.summarise(order, peaks, benchmark.nominal_peak(dtype_name))
 
 
 # ------------------------------------------------------------------------- c. long context

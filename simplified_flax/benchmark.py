@@ -165,6 +165,27 @@ def nominal_peak(dtype_name: str):
   return None
 
 
+def measure(runners: List[Runner], rounds: int, steps: int,
+            matmul_size: int = 0) -> Dict[str, Dict[str, Any]]:
+  """`summarise`'s results of `rounds` rounds, one line printed per round: each round runs
+  `steps` steps of every runner in turn, then times the [n, n] matmul peak in the first
+  runner's dtype (n = `matmul_size`; 0: 2048 on CPU, 8192 on accelerators)."""
+  dtype_name = runners[0].config.dtype
+  on_cpu = jax.devices()[0].platform == "cpu"
+  measure_peak = matmul_peak(jnp.dtype(dtype_name), matmul_size or (2048 if on_cpu else 8192))
+  peaks = []
+  for round_index in range(rounds):
+    # Each round starts one config later, so no config always follows the matmul probe.
+    start = round_index % len(runners)
+    for r in runners[start:] + runners[:start]:
+      r.times.append(r.run(steps))
+    peaks.append(measure_peak())
+    print(f"round {round_index + 1}/{rounds}: " + ", ".join(
+        f"{r.name} {1e3 * r.times[-1]:.0f}ms" for r in runners) +
+          f", matmul {peaks[-1] / 1e9:.0f} GFLOP/s", flush=True)
+  return summarise(runners, peaks, nominal_peak(dtype_name))
+
+
 # ------------------------------------------------------------------------------- reporting
 
 def summarise(runners: List[Runner], peaks: List[float], nominal) -> Dict[str, Dict[str, Any]]:
@@ -259,24 +280,11 @@ def main(argv, flag):
   overrides = cli.with_flag(dict(config_flags.get_override_values(flags.FLAGS["config"])),
                             "batch_size", flag["batch_size"].value)
   runners = [Runner(spec, load_config(spec, overrides)) for spec in flag["configs"].value]
-  dtype_name = runners[0].config.dtype
-  on_cpu = jax.devices()[0].platform == "cpu"
-  measure_peak = matmul_peak(jnp.dtype(dtype_name),
-                             flag["matmul_size"].value or (2048 if on_cpu else 8192))
-  rounds, steps, peaks = flag["rounds"].value, flag["steps"].value, []
-  for round_index in range(rounds):
-    # Each round starts one config later, so no config always follows the matmul probe.
-    start = round_index % len(runners)
-    for r in runners[start:] + runners[:start]:
-      r.times.append(r.run(steps))
-    peaks.append(measure_peak())
-    print(f"round {round_index + 1}/{rounds}: " + ", ".join(
-        f"{r.name} {1e3 * r.times[-1]:.0f}ms" for r in runners) +
-          f", matmul {peaks[-1] / 1e9:.0f} GFLOP/s", flush=True)
-  results = summarise(runners, peaks, nominal_peak(dtype_name))
+  rounds, steps = flag["rounds"].value, flag["steps"].value
+  results = measure(runners, rounds, steps, flag["matmul_size"].value)
   first = results[runners[0].name]
-  print(f"\n{jax.devices()[0].device_kind} ({jax.device_count()} device(s)), {dtype_name}; "
-        f"B={first['batch_size']} T={first['seq_len']} L={first['n_layer']} "
+  print(f"\n{jax.devices()[0].device_kind} ({jax.device_count()} device(s)), "
+        f"{first['dtype']}; B={first['batch_size']} T={first['seq_len']} L={first['n_layer']} "
         f"D={first['n_embd']} V={first['vocab_size']}; median of {rounds} rounds x "
         f"{steps} steps; matmul peak {first['matmul_peak_flops_per_s'] / 1e9:.0f} "
         f"GFLOP/s (median); process peak memory {first['process_peak_memory_bytes'] / 2**20:.0f}"

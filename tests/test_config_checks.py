@@ -29,6 +29,7 @@ RULES = [
     ({"dtype": "float64"}, "dtype='float64' is unknown"),
     ({"parallel.mode": "dp"}, "parallel.mode='dp' is unknown"),
     ({"parallel.fsdp": 0}, "parallel.fsdp=0"),
+    ({"parallel.mode": "pmap", "parallel.fsdp": 2}, "set parallel.mode='jit' or parallel.fsdp=1"),
     ({"optimizer.learning_rate": -1.0}, "optimizer.learning_rate=-1.0"),
     ({"optimizer.learning_rate": 0.0}, "optimizer.learning_rate=0.0"),
     ({"optimizer.schedule": "step"}, "optimizer.schedule='step' is unknown"),

@@ -33,7 +33,7 @@ def test_windows_are_exactly_t_and_drop_each_documents_tail():
 
 def test_packed_rows_restart_segments_and_pad_the_last_row():
   _, split = _split(5, 2, 3)  # stream: 5+1, 2+1, 3+1 = 13 tokens -> rows of 4: 4 rows
-  assert sequences.num_packed_rows(split, 4) == 4
+  assert sequences.num_packed_rows(len(split.tokens_N), 4) == 4
   tokens, segments = sequences.gather_packed_rows(split, np.arange(4), 4, PAD)
   assert tokens.tolist() == [[100, 101, 102, 103], [104, EOD, 200, 201],
                              [EOD, 300, 301, 302], [EOD, PAD, PAD, PAD]]

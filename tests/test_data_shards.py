@@ -49,12 +49,13 @@ def test_prefetcher_keeps_order_applies_the_transform_and_ends():
       x * x for x in range(10)]
 
 
-def test_prefetcher_hands_errors_to_the_consumer_in_order():
+@pytest.mark.parametrize("depth", [0, 2])
+def test_prefetcher_hands_errors_to_the_consumer_in_order(depth):
   def source():
     yield 1
     raise ValueError("corrupt shard")
 
-  feeder = Prefetcher(source())
+  feeder = Prefetcher(source(), depth=depth)
   assert next(feeder) == 1
   with pytest.raises(ValueError, match="corrupt shard"):
     next(feeder)

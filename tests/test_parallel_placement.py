@@ -1,4 +1,5 @@
 """Placement pieces that need no extra devices: the FSDP rule, pmap batch layout, the feeder."""
+import itertools
 import threading
 
 import ml_collections
@@ -6,7 +7,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from simplified_flax.data.iterator import CheckpointableIterator
 from simplified_flax.data.prefetch import Prefetcher
+from simplified_flax.model.checks import ConfigError
 from simplified_flax.training import distributed
 from simplified_flax.training import placement as parallel
 
@@ -27,9 +30,9 @@ def _config(mode="jit", fsdp=1, batch_size=8):
 
 
 def test_placement_rejects_bad_settings():
-  with pytest.raises(ValueError, match="parallel.fsdp=2 needs parallel.mode='jit'"):
+  with pytest.raises(ConfigError, match="parallel.fsdp=2 shards parameters only under"):
     parallel.Placement.from_config(_config("pmap", 2))
-  with pytest.raises(ValueError, match="parallel.mode='spmd'"):
+  with pytest.raises(ConfigError, match="parallel.mode='spmd'"):
     parallel.Placement.from_config(_config("spmd"))
   with pytest.raises(ValueError, match="parallel.fsdp=3"):
     parallel.make_mesh(3)
@@ -57,11 +60,26 @@ def test_single_process_needs_no_distributed_start(monkeypatch):
   assert distributed.initialize_distributed() is False
 
 
-def test_prefetcher_keeps_order_and_tags():
-  source = (({"x": i}, {"drawn": i + 1}) for i in range(5))
-  feeder = Prefetcher(source, transform=lambda item: (item[0]["x"] * 10, item[1]), depth=2)
-  assert list(feeder) == [(i * 10, {"drawn": i + 1}) for i in range(5)]
+def _fed(depth):
+  """The training loop's feeder over a checkpointable iterator: 5 (batch, state) items, and
+  whether a prefetch thread was alive while they were made."""
+  others = set(threading.enumerate())   # other tests' iterators may still run theirs
+  iterator = CheckpointableIterator(lambda k: ({"x": i} for i in itertools.count(k)), {},
+                                    prefetch=0)
+  feeder = Prefetcher(((next(iterator), iterator.get_state()) for _ in itertools.count()),
+                      transform=lambda item: (item[0]["x"] * 10, item[1]), depth=depth)
+  items = [next(feeder) for _ in range(5)]
+  threaded = any(t.name == "data-prefetch" for t in set(threading.enumerate()) - others)
   feeder.close()
+  return items, threaded
+
+
+def test_prefetcher_keeps_order_and_tags_with_or_without_a_thread():
+  (eager, threaded_eager), (ahead, threaded_ahead) = _fed(0), _fed(2)
+  assert not threaded_eager and threaded_ahead   # depth 0 (data.prefetch=0): no thread
+  assert [(x, state["batches_drawn"]) for x, state in eager] == [(i * 10, i + 1)
+                                                                 for i in range(5)]
+  assert eager == ahead
 
 
 def test_prefetcher_reraises_source_errors_and_stops():

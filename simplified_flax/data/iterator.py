@@ -11,9 +11,9 @@ which is the same on every process, so the primary host alone can save it and ev
 restore it. Restoring checks that the description still matches (a changed corpus, tokenizer,
 batch size or seed would silently continue a different stream) and names what changed.
 
-`prefetch` > 0 runs that many batches ahead on one background thread (`prefetch.py`); the
-batches made past a restore point are thrown away, so prefetch never changes what a consumer
-sees. A consumer that runs its own `Prefetcher` (the training loop) passes prefetch=0.
+`prefetch` > 0 runs that many batches ahead on one background thread (`prefetch.py`; 0: none);
+the batches made past a restore point are thrown away, so prefetch never changes what a
+consumer sees. A consumer that runs its own `Prefetcher` (the training loop) passes prefetch=0.
 """
 import hashlib
 import json
@@ -48,8 +48,7 @@ class CheckpointableIterator:
 
   def __next__(self) -> Batch:
     if self._stream is None:
-      stream = self._open_stream(self._drawn)
-      self._stream = Prefetcher(stream, depth=self._prefetch) if self._prefetch > 0 else stream
+      self._stream = Prefetcher(self._open_stream(self._drawn), depth=self._prefetch)
     try:
       batch = next(self._stream)
     except BaseException:
@@ -83,6 +82,6 @@ class CheckpointableIterator:
 
   def close(self) -> None:
     """Stops the prefetch thread; the next `next()` restarts at the current position."""
-    if isinstance(self._stream, Prefetcher):
+    if self._stream is not None:
       self._stream.close()
     self._stream = None

@@ -7,7 +7,8 @@
 The thread calls `next(source)` and `transform` (so host work such as gathering rows or
 copying to devices overlaps the training step); errors, StopIteration included, are handed
 to the consumer in order and end the thread. The training loop should stack no second thread
-on top: pass its device placement as `transform` here instead.
+on top: pass its device placement as `transform` here instead. depth=0 starts no thread: each
+`next` makes its item in the consumer's thread, with the same items, errors and end.
 """
 import queue
 import threading
@@ -21,15 +22,16 @@ class Prefetcher:
 
   def __init__(self, source: Iterator[Any], transform: Callable[[Any], Any] | None = None,
                depth: int = 2):
-    if depth < 1:
-      raise ValueError(f"Prefetch depth is {depth}; use 1 or more (or iterate the source "
-                       "directly for no prefetch).")
-    self._items: queue.Queue = queue.Queue(maxsize=depth)
+    if depth < 0:
+      raise ValueError(f"Prefetch depth is {depth}; use 0 (no thread) or more.")
+    self._source, self._transform = iter(source), transform
+    self._items: queue.Queue = queue.Queue(maxsize=depth)   # depth 0: unbounded, holds one
     self._stop = threading.Event()
     self._finished = False
-    self._thread = threading.Thread(target=self._run, args=(source, transform), daemon=True,
-                                    name="data-prefetch")
-    self._thread.start()
+    self._thread = None
+    if depth > 0:
+      self._thread = threading.Thread(target=self._run, daemon=True, name="data-prefetch")
+      self._thread.start()
 
   def _put(self, item) -> bool:
     """Blocks until there is room or close() was called (then gives up)."""
@@ -41,14 +43,20 @@ class Prefetcher:
         continue
     return False
 
-  def _run(self, source, transform) -> None:
+  def _step(self) -> bool:
+    """Queues the next item, or the end or the error (then returns False: nothing follows)."""
     try:
-      for x in source:
-        if not self._put(transform(x) if transform is not None else x):
-          return
+      x = next(self._source)
+      return self._put(self._transform(x) if self._transform is not None else x)
+    except StopIteration:
       self._put(_END)
     except BaseException as e:  # pylint: disable=broad-except  (re-raised in the consumer)
       self._put(e)
+    return False
+
+  def _run(self) -> None:
+    while self._step():
+      pass
 
   def __iter__(self) -> "Prefetcher":
     return self
@@ -56,6 +64,8 @@ class Prefetcher:
   def __next__(self):
     if self._finished:
       raise StopIteration
+    if self._thread is None:
+      self._step()
     item = self._items.get()
     if item is _END:
       self._finished = True
@@ -66,6 +76,8 @@ class Prefetcher:
     return item
 
   def close(self) -> None:
-    """Stops the thread; items made ahead are dropped. Idempotent."""
+    """Stops the thread; items made ahead are dropped, and no more follow. Idempotent."""
     self._stop.set()
-    self._thread.join(timeout=10)
+    self._finished = True   # else a later `next` would wait for an item never made
+    if self._thread is not None:
+      self._thread.join(timeout=10)

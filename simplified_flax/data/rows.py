@@ -10,12 +10,22 @@ each shard's stream is packed on its own (its last row padded), see `sequences.p
 """
 import dataclasses
 import functools
+from typing import Callable
 
 import numpy as np
 
 from simplified_flax.data import sequences
 from simplified_flax.data.sequences import TokenizedSplit
 from simplified_flax.data.shards import PreparedSplit
+
+
+def count_rows(num_tokens: int, doc_starts: Callable[[], np.ndarray], seq_len: int,
+               packing: bool) -> int:
+  """The rows of one tokenized array: packed rows from its token count alone, windows from
+  its document offsets (`doc_starts()` is called only then)."""
+  if packing:
+    return int(sequences.num_packed_rows(num_tokens, seq_len))
+  return int(sequences.windows_per_doc(doc_starts(), seq_len).sum())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,9 +42,8 @@ class RowSource:
 
   @property
   def num_rows(self) -> int:
-    if self.packing:
-      return sequences.num_packed_rows(self.split, self.seq_len)
-    return int(sequences.windows_per_doc(self.split.doc_starts_D1, self.seq_len).sum())
+    return count_rows(len(self.split.tokens_N), lambda: self.split.doc_starts_D1, self.seq_len,
+                      self.packing)
 
   def rows(self, ids_B: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """(tokens int32[B, T], segment_ids int32[B, T] or None without packing)."""
@@ -50,11 +59,9 @@ class ShardedRows:
   def __init__(self, prepared: PreparedSplit, *, seq_len: int, packing: bool, pad_id: int):
     self.seq_len, self.packing, self._pad_id = seq_len, packing, pad_id
     self._prepared = prepared
-    if packing:  # from the manifest: no shard is opened here
-      rows_S = -(-prepared.shard_num_tokens // seq_len)
-    else:        # from the document offsets alone
-      rows_S = np.array([sequences.windows_per_doc(prepared.doc_starts(i), seq_len).sum()
-                         for i in range(prepared.num_shards)], np.int64)
+    # From the manifest's token counts, or the document offsets: no shard's tokens are read.
+    rows_S = [count_rows(n, functools.partial(prepared.doc_starts, i), seq_len, packing)
+              for i, n in enumerate(prepared.shard_num_tokens)]
     self._first_row_S1 = np.concatenate([[0], np.cumsum(rows_S)]).astype(np.int64)
     self.num_rows = int(self._first_row_S1[-1])
 

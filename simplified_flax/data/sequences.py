@@ -91,8 +91,8 @@ def gather_windows(tokens_N: np.ndarray, starts_B: np.ndarray, seq_len: int) -> 
 # ------------------------------------------------------------------------------------------
 # Packing: the eod-joined stream in rows of T.
 # ------------------------------------------------------------------------------------------
-def num_packed_rows(split: TokenizedSplit, seq_len: int) -> int:
-  return -(-len(split.tokens_N) // seq_len)
+def num_packed_rows(num_tokens: int, seq_len: int) -> int:
+  return -(-num_tokens // seq_len)
 
 
 def gather_packed_rows(split: TokenizedSplit, rows_B: np.ndarray, seq_len: int,

@@ -97,8 +97,17 @@ def _training_rules(config) -> None:
           f"over) or a kept checkpoint step.")
   _int_at_least(config, "diagnostics_every", 0, " (0: never)")
   _int_at_least(config, "seed", 0)
+  parallel_rules(config)
+
+
+def parallel_rules(config) -> None:
+  """Raises ConfigError unless `config.parallel` names a mode and an FSDP degree that work
+  together (reads only `config.parallel`)."""
   one_of(config.parallel.mode, PARALLEL_MODES, "parallel.mode")
   _int_at_least(config, "parallel.fsdp", 1)
+  require(config.parallel.fsdp == 1 or config.parallel.mode == "jit",
+          f"parallel.fsdp={config.parallel.fsdp} shards parameters only under "
+          f"parallel.mode='jit': set parallel.mode='jit' or parallel.fsdp=1.")
 
 
 def _optimizer_rules(config) -> None:

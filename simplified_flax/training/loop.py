@@ -148,14 +148,14 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   if config.diagnostics_every > 0:
     diagnostics_fn = placement.compile_step(_diagnostics_step(config, model), abstract_state,
                                             returns_state=False)
-  iterator = pipeline.train_iterator(prefetch=0)   # `feeder` is the one prefetch thread
+  iterator = pipeline.train_iterator(prefetch=0)   # `feeder` is the one prefetch thread, if any
   if data_state:
     iterator.set_state(data_state)
   # Each batch travels with the iterator state after it, so a checkpoint records the data
   # position of the step it saves, however far ahead the thread runs.
   feeder = Prefetcher(((next(iterator), iterator.get_state()) for _ in itertools.count()),
                       transform=lambda item: (placement.place_batch(item[0]), item[1]),
-                      depth=max(config.data.prefetch, 1))
+                      depth=config.data.prefetch)   # 0: made in this thread, no other
 
   # ----------------------------------------------------------------------------------------
   # Loop. Step s dispatches before step s-1's metrics are read; the host waits for the

@@ -19,6 +19,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from simplified_flax.training import config_checks
+
 DATA, FSDP = "data", "fsdp"
 PMAP_AXIS = "batch"
 # Leaves smaller than this stay replicated under FSDP: sharding them saves nothing.
@@ -101,14 +103,11 @@ class Placement(abc.ABC):
 
   @staticmethod
   def from_config(config) -> "Placement":
-    mode, fsdp = config.parallel.mode, config.parallel.fsdp
-    if mode == "jit":
-      return JitPlacement(config.batch_size, make_mesh(fsdp))
-    if mode == "pmap":
-      if fsdp != 1:
-        raise ValueError(f"parallel.fsdp={fsdp} needs parallel.mode='jit'.")
-      return PmapPlacement(config.batch_size)
-    raise ValueError(f"parallel.mode={mode!r} is unknown: use 'jit' or 'pmap'.")
+    # Evaluation and the notebook build a Placement before anything else checks the config.
+    config_checks.parallel_rules(config)
+    if config.parallel.mode == "jit":
+      return JitPlacement(config.batch_size, make_mesh(config.parallel.fsdp))
+    return PmapPlacement(config.batch_size)
 
   def check_batch_size(self) -> None:
     devices = jax.device_count()
