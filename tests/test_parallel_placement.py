@@ -38,6 +38,12 @@ def test_placement_rejects_bad_settings():
     parallel.make_mesh(3)
 
 
+def test_placement_refuses_a_batch_that_does_not_split_over_the_devices(monkeypatch):
+  monkeypatch.setattr(parallel.jax, "device_count", lambda: 2)
+  with pytest.raises(ConfigError, match="batch_size=9 does not split over the 2 devices"):
+    parallel.Placement.from_config(_config("pmap", batch_size=9))
+
+
 def test_pmap_batches_gain_a_device_axis():
   placement = parallel.Placement.from_config(_config("pmap"))
   placed = placement.place_batch({"inputs": np.zeros((8, 16), np.int32)})

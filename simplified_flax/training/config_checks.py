@@ -65,12 +65,17 @@ def validate_run_config(config, device_count: int | None = None) -> None:
   (default: none checked) is the number of devices the global batch is split over."""
   validate_config(config)
   if device_count is not None:
-    require(config.batch_size % device_count == 0,
-            f"batch_size={config.batch_size} does not split over the {device_count} devices: "
-            f"use a multiple of {device_count}.")
-    require(device_count % config.parallel.fsdp == 0,
-            f"parallel.fsdp={config.parallel.fsdp} must divide the {device_count} devices.")
+    device_rules(config, device_count)
   _data_rules(config)
+
+
+def device_rules(config, device_count: int) -> None:
+  """The global batch and the parameter-sharding axis split over `device_count` devices."""
+  require(config.batch_size % device_count == 0,
+          f"batch_size={config.batch_size} does not split over the {device_count} devices: "
+          f"use a multiple of {device_count}.")
+  require(device_count % config.parallel.fsdp == 0,
+          f"parallel.fsdp={config.parallel.fsdp} must divide the {device_count} devices.")
 
 
 def _training_rules(config) -> None:

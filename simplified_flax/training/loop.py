@@ -110,7 +110,6 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   # Mesh and model state.
   # ----------------------------------------------------------------------------------------
   placement = parallel.Placement.from_config(config)
-  placement.check_batch_size()
   state = create_train_state(config, jax.random.PRNGKey(config.seed), mesh=placement.mesh,
                              model=model)
   _console(f"Model: {size(state.params):,} parameters on {jax.device_count()} devices "

@@ -105,15 +105,10 @@ class Placement(abc.ABC):
   def from_config(config) -> "Placement":
     # Evaluation and the notebook build a Placement before anything else checks the config.
     config_checks.parallel_rules(config)
+    config_checks.device_rules(config, jax.device_count())
     if config.parallel.mode == "jit":
       return JitPlacement(config.batch_size, make_mesh(config.parallel.fsdp))
     return PmapPlacement(config.batch_size)
-
-  def check_batch_size(self) -> None:
-    devices = jax.device_count()
-    if self.global_rows % devices:
-      raise ValueError(f"batch_size={self.global_rows} must be divisible by the "
-                       f"{devices} devices.")
 
   @abc.abstractmethod
   def shard_state(self, state):
