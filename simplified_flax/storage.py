@@ -31,8 +31,7 @@ def move_folder(source, dest) -> None:
   if not is_remote(source):
     source.rename(dest)
     return
-  files = list(_files_under(source))
-  for file in files:
+  for file in _files_under(source):
     target = dest / file.relative_to(source)
     target.parent.mkdir(parents=True, exist_ok=True)
     file.copy(target)

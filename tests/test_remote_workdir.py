@@ -121,10 +121,11 @@ def test_gs_workdir_train_kill_resume_evaluate_sample(gcs, tmp_path):
 def test_gs_rewind_moves_steps_and_history_inside_the_bucket(gcs, monkeypatch):
   """restore_step's set-aside (the same folder move as a corrupt step's) and a resume's cut of
   metrics.jsonl and the TensorBoard events, on gs:// in this process: nothing lands locally."""
-  import gcsfs   # pylint: disable=import-outside-toplevel
-  import etils.epath.gpath as gpath   # pylint: disable=import-outside-toplevel
-  from etils import epath   # pylint: disable=import-outside-toplevel
-  from simplified_flax.training import metrics_io, rewind   # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  import gcsfs
+  import etils.epath.gpath as gpath
+  from etils import epath
+  from simplified_flax.training import metrics_io, rewind
   fs, _ = gcs
   monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)    # epath through gcsfs
   gcsfs.GCSFileSystem.clear_instance_cache()                       # this test's emulator

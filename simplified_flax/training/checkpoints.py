@@ -100,7 +100,8 @@ def open_read_only(workdir: str) -> ocp.CheckpointManager:
 
 def _directory(workdir: str) -> epath.Path:
   """`<workdir>/checkpoints`, made absolute when local (Orbax wants absolute local paths)."""
-  return epath.Path(workdir if storage.is_remote(workdir) else os.path.abspath(workdir)) / CHECKPOINT_DIR
+  root = workdir if storage.is_remote(workdir) else os.path.abspath(workdir)
+  return epath.Path(root) / CHECKPOINT_DIR
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_dict: dict,
@@ -241,4 +242,3 @@ def _set_aside(manager: ocp.CheckpointManager, step: int, workdir: str, why: str
     storage.move_folder(source, dest)
   multihost_utils.sync_global_devices(f"set_aside_checkpoint_{step}")
   manager.reload()
-

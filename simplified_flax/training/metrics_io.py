@@ -156,8 +156,9 @@ def truncate_history(workdir: str, last_step: int) -> None:
     kept = [r for r in records if not _summary_after(event_pb2.Event.FromString(r), last_step)]
     if len(kept) < len(records) or torn:
       buffer = io.BytesIO()
+      writer = RecordWriter(buffer)
       for record in kept:
-        RecordWriter(buffer).write(record)
+        writer.write(record)
       write_atomically(events, lambda f: f.write(buffer.getvalue()))
 
 

@@ -77,9 +77,11 @@ def set_aside(workdir: str, manager: ocp.CheckpointManager, restore_step: int,
     dest.mkdir(parents=True, exist_ok=True)
     if rows:
       (dest / metrics_io.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for events in (workdir / metrics_io.TENSORBOARD_DIR).glob("events.out.tfevents.*"):
-      (dest / metrics_io.TENSORBOARD_DIR).mkdir(parents=True, exist_ok=True)
-      events.copy(dest / metrics_io.TENSORBOARD_DIR / events.name)
+    events = list((workdir / metrics_io.TENSORBOARD_DIR).glob("events.out.tfevents.*"))
+    if events:
+      (dest / metrics_io.TENSORBOARD_DIR).mkdir(exist_ok=True)
+    for file in events:
+      file.copy(dest / metrics_io.TENSORBOARD_DIR / file.name)
   multihost_utils.sync_global_devices(f"rewind_to_{restore_step}")
   manager.reload()
   logging.warning("Rewound to step %d: steps %s and the later history are in %s.",
