@@ -42,6 +42,8 @@ def model_config() -> ml_collections.ConfigDict:
   m.attention_impl = "auto"          # "auto" (the backend's fastest exact path), "explicit"
                                      # (T x T centering matrix) or "fused" (O(T x D) terms)
   m.grad_rules = "auto"              # speed-only gradient rules: "auto" (CPU only), "on", "off"
+  m.scan_layers = False              # one nn.scan over the layers that share their structure
+  m.remat = False                    # recompute each block's activations in the backward pass
 
   # Norms (docs/model.md, "The block").
   m.norm_type = "rmsnorm"            # "ln", "rmsnorm" or "none"

@@ -60,6 +60,8 @@ def validate_model_config(m, prefix: str = "model", require_vocab: bool = True) 
   one_of(m.attention_impl, attention_kernels.REQUESTS, f("attention_impl"))
   one_of(grad_rules.mode_of(m), grad_rules.MODES, f("grad_rules"))
   one_of(m.tie_valproj_init, valproj.TIE_MODES, f("tie_valproj_init"))
+  for name in ("scan_layers", "remat"):
+    one_of(m.get(name, False), (False, True), f(name))
   require(m.norm_eps > 0, f"{f('norm_eps')}={m.norm_eps} must be positive.")
   require(0 <= m.dropout_rate < 1, f"{f('dropout_rate')}={m.dropout_rate} must be in [0, 1).")
 
