@@ -12,7 +12,9 @@ import pytest
 from conftest import tiny_config
 from simplified_flax.model import decode
 from simplified_flax.model import layer_stack
+from simplified_flax.model import parameters
 from simplified_flax.model import transformer as models
+from simplified_flax.training import checkpoints
 from simplified_flax.training import diagnostics
 
 L = 5
@@ -97,3 +99,10 @@ def test_scanned_decoding_equals_its_full_forward_pass():
   step_B1V, _ = apply_cached(variables, cache, TOKENS_BT[:, 9:10])
   np.testing.assert_allclose(prefill_BTV, full_BTV[:, :9], atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(step_B1V[:, 0], full_BTV[:, 9], atol=1e-5, rtol=1e-5)
+
+
+def test_resuming_with_the_switch_flipped_is_refused_naming_it():
+  saved = tiny_config("sas_p", n_layer=L).to_dict()
+  new = tiny_config("sas_p", n_layer=L, scan_layers=True).to_dict()
+  with pytest.raises(checkpoints.IncompatibleCheckpointError, match="model.scan_layers"):
+    checkpoints.check_compatible(saved, new, parameters.parameter_shapes, "ckpt")
