@@ -32,8 +32,8 @@ REQUESTS = ("auto", "explicit", "fused")   # the values of model.attention_impl
 KERNEL_ENV = "SIMPLIFIED_FLAX_ATTENTION_KERNEL"
 SPLASH_BLOCK = 128       # the splash kernel's tile along Tq and Tk; T must be a multiple
 _CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
-# "auto" per backend where no rule below decides: the path measured fastest there.
-# CPU: experiments/attention_paths.py at the benchmark shape (README, "Choosing the path").
+# "auto" per backend where no rule of `resolve_impl` decides: the path measured fastest there
+# (CPU: experiments/paired_settings.py at the benchmark shape; README, "Choosing the path").
 AUTO_IMPL = {"tpu": "fused", "cpu": "explicit"}
 
 
@@ -43,8 +43,9 @@ def resolve_impl(requested: str, *, dtype, soft_capped: bool = False,
 
   "explicit" and "fused" are taken as asked. "auto" takes the explicit form only where the
   fused one cannot serve or gains nothing: soft-capped logits (no kernel takes them) and
-  float32 on GPU (cuDNN takes bf16/fp16 only); otherwise the backend's choice, AUTO_IMPL
-  (splash on TPU, cuDNN on GPU, explicit on backends nobody measured).
+  float32 on GPU (cuDNN takes bf16/fp16 only); otherwise cuDNN on GPU, else AUTO_IMPL (splash
+  on TPU, explicit on CPU and on backends nobody measured). The block also takes the explicit
+  form while intermediates are collected (block.py), so that diagnostics read A.
   """
   if requested != "auto":
     return requested
