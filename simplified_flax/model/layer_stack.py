@@ -7,7 +7,8 @@ model is. Layers differ only where the config makes them differ (valproj.py, blo
     LayerNorm);
   * the last layer when `last_layer_proj_resid_gain` is set.
 Those stay outside the scan under their unrolled names; the run between them is one module
-`h_<first>_to_<last>` (e.g. `h_1_to_16` for SAS-P at 18 layers; `h_0_to_17` for Pre-LN).
+`h_<first>_to_<last>` (e.g. `h_1_to_17` for SAS-P at 18 layers; `h_0_to_17` for Pre-LN). A
+model with fewer than two such layers (L < 3) stays unrolled.
 Anchors (`constants`) keep their unrolled layout and are stacked per call.
 
 `model.remat` rematerialises each block in the backward pass (`nn.remat`), scanned or not.
