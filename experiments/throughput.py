@@ -104,7 +104,7 @@ def report(results: dict, scale: str, command: str, output: str) -> str:
 def main() -> None:
   parser = report_lib.experiment_parser("throughput", __doc__, SCALES, VARIANTS,
                                         workdirs=False, report_only=False)
-  parser.add_argument("--attention_impl", default="explicit", choices=("explicit", "fused"))
+  parser.add_argument("--attention_impl", default="auto", choices=("auto", "explicit", "fused"))
   parser.add_argument("--force", action="store_true", help="measure even if benchmark.json "
                       "already holds the variants")
   args = parser.parse_args()

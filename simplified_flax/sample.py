@@ -92,6 +92,6 @@ if __name__ == "__main__":
   flags.DEFINE_integer("seed", 0, "Sampling seed: the same seed gives the same text.")
   flags.DEFINE_integer("step", None, "Restore this checkpoint step (default: the latest).")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
-  flags.DEFINE_enum("attention_impl", None, ["explicit", "fused"],
+  flags.DEFINE_enum("attention_impl", None, ["auto", "explicit", "fused"],
                     "Attention path (default: the run's).")
   cli.run(main, "simplified_flax.sample")

@@ -12,6 +12,7 @@ from test_train_loop import REPO, subprocess_env, write_corpus
 
 sys.path.insert(0, str(REPO))
 from experiments import baseline_comparison, depth_scaling, report_lib, throughput  # pylint: disable=wrong-import-position
+from experiments import compile_depth  # pylint: disable=wrong-import-position
 
 
 # ------------------------------------------------------------------------------- report_lib
@@ -140,6 +141,16 @@ def test_depth_scaling_report_only_lists_unfinished_runs(tmp_path):
   assert partial.returncode == 0, partial.stderr[-3000:]
   report = pathlib.Path(tmp_path / "out" / "report.md").read_text()
   assert "| `sas_p` | 1 |" in report and "`sas_p_L2`" in report
+
+
+def test_compile_depth_times_each_depth_and_reports_the_ratio():
+  tiny = {"model.n_embd": 32, "model.n_head": 2, "model.context_length": 16, "batch_size": 2,
+          "model.scan_layers": True}
+  seconds = compile_depth.compile_seconds("sas_p", tiny, (3,))
+  assert list(seconds) == [3] and seconds[3] > 0
+  text = compile_depth.report([{"variant": "sas_p", "scan_layers": True,
+                                "seconds": {18: 2.0, 72: 3.0}}], "cmd")
+  assert "| sas_p | True | 2.0 s | 3.0 s | 1.50x |" in text
 
 
 def test_throughput_reuses_stored_results_only_for_the_same_settings(tmp_path):

@@ -14,20 +14,47 @@ README "Shaped attention"):
 Anything a kernel cannot take (padding or packing masks, a KV cache's Tq != Tk, float32 on
 GPU) falls back to XLA with the same result. `SIMPLIFIED_FLAX_ATTENTION_KERNEL=xla` forces the
 XLA path everywhere (to compare, or to step around a kernel a device's driver rejects).
+
+`resolve_impl` turns `model.attention_impl="auto"` into the path the block takes on a backend.
 """
 import functools
 import os
-from typing import Literal
+from typing import Literal, Tuple
 
 from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import AxisType, PartitionSpec as P
 
 Kernel = Literal["splash", "cudnn", "xla"]
+REQUESTS = ("auto", "explicit", "fused")   # the values of model.attention_impl
 KERNEL_ENV = "SIMPLIFIED_FLAX_ATTENTION_KERNEL"
 SPLASH_BLOCK = 128       # the splash kernel's tile along Tq and Tk; T must be a multiple
 _CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
+# "auto" per backend where no rule of `resolve_impl` decides: the path measured fastest there
+# (CPU: experiments/paired_settings.py at the benchmark shape; README, "Choosing the path").
+AUTO_IMPL = {"tpu": "fused", "cpu": "explicit"}
+
+
+def resolve_impl(requested: str, *, dtype, soft_capped: bool = False,
+                 backend: str | None = None) -> Literal["explicit", "fused"]:
+  """The attention path for `model.attention_impl=requested` computing in `dtype`.
+
+  "explicit" and "fused" are taken as asked. "auto" takes the explicit form only where the
+  fused one cannot serve or gains nothing: soft-capped logits (no kernel takes them) and
+  float32 on GPU (cuDNN takes bf16/fp16 only); otherwise cuDNN on GPU, else AUTO_IMPL (splash
+  on TPU, explicit on CPU and on backends nobody measured). The block also takes the explicit
+  form while intermediates are collected (block.py), so that diagnostics read A.
+  """
+  if requested != "auto":
+    return requested
+  backend = backend or jax.default_backend()
+  if soft_capped:
+    return "explicit"
+  if backend == "gpu":
+    return "fused" if jnp.dtype(dtype) in map(jnp.dtype, _CUDNN_DTYPES) else "explicit"
+  return AUTO_IMPL.get(backend, "explicit")
 
 
 def choose_kernel(q_BTHd, k_BTHd, *, mask, backend: str | None = None) -> Kernel:
@@ -85,7 +112,45 @@ def _splash_kernel(num_heads: int, seq_len: int, is_causal: bool, interpret: boo
                               head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
+def mesh_split(axes, batch: int, num_heads: int) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+  """(axes splitting the batch, axes splitting the heads) for the splash kernel on a mesh.
+
+  `axes` is ((name, size), ...) in mesh order. Each axis goes to the batch while the batch
+  still divides, else to the heads while they divide, else to neither: the kernel is then
+  repeated along it (its inputs gathered), which is correct, only not split.
+  """
+  batch_axes, head_axes, batch_split, head_split = [], [], 1, 1
+  for name, size in axes:
+    if size == 1:
+      continue
+    if batch % (batch_split * size) == 0:
+      batch_axes.append(name)
+      batch_split *= size
+    elif num_heads % (head_split * size) == 0:
+      head_axes.append(name)
+      head_split *= size
+  return tuple(batch_axes), tuple(head_axes)
+
+
 def _splash(q_BTHd, k_BTHd, v_BTHd, *, is_causal: bool, interpret: bool):
+  """The splash kernel, `shard_map`ped over the ambient mesh's automatic axes, if any (the
+  kernel is a custom call XLA's partitioner cannot split): batch and, where it divides, heads.
+  Under `jax.pmap` or on one device there is no such mesh and the kernel runs as it is."""
+  mesh = jax.sharding.get_abstract_mesh()
+  axes = () if mesh.empty else tuple(
+      (name, size) for name, size, kind in zip(mesh.axis_names, mesh.axis_sizes,
+                                               mesh.axis_types) if kind != AxisType.Manual)
+  local = functools.partial(_splash_local, is_causal=is_causal, interpret=interpret)
+  if not axes or all(size == 1 for _, size in axes):
+    return local(q_BTHd, k_BTHd, v_BTHd)
+  batch_axes, head_axes = mesh_split(axes, q_BTHd.shape[0], q_BTHd.shape[2])
+  spec = P(batch_axes or None, None, head_axes or None, None)
+  return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                       axis_names=frozenset(name for name, _ in axes),
+                       check_vma=False)(q_BTHd, k_BTHd, v_BTHd)
+
+
+def _splash_local(q_BTHd, k_BTHd, v_BTHd, *, is_causal: bool, interpret: bool):
   _, T, H, Dh = q_BTHd.shape
   kernel = _splash_kernel(H, T, bool(is_causal), interpret)
   # The kernel takes [H, T, Dh] per example and does not scale the logits itself.

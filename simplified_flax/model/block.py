@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from simplified_flax.model import attention
+from simplified_flax.model import attention_kernels
 from simplified_flax.model import grad_rules
 from simplified_flax.model import kv_cache
 from simplified_flax.model import layers
@@ -70,14 +71,15 @@ class AttentionSubBlock(nn.Module):
                              trainable and m.centre_attn_gain != 0, (H,))
     attn_args = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
                  logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
+    impl = self._impl()
     if cache_index is not None:
-      out_BTHd = self._attend_cached(q_BTHd, k_BTHd, v_BTHd, attn_args, index_B=cache_index,
-                                     lengths_B=lengths)
+      out_BTHd = self._attend_cached(q_BTHd, k_BTHd, v_BTHd, attn_args, impl,
+                                     index_B=cache_index, lengths_B=lengths)
     else:
-      explicit = m.attention_impl == "explicit"   # which alone can return A, for diagnostics
+      explicit = impl == "explicit"   # which alone can return A, for diagnostics
       out_BTHd = attention.shaped_attention(
           q_BTHd, k_BTHd, v_BTHd, **attn_args, causal=self.causal, key_mask=key_mask,
-          segment_ids=segment_ids, impl=m.attention_impl, return_probs=explicit,
+          segment_ids=segment_ids, impl=impl, return_probs=explicit,
           grad_rules_mode=grad_rules.mode_of(m))
       if explicit:
         out_BTHd, probs_BHTT = out_BTHd
@@ -85,7 +87,17 @@ class AttentionSubBlock(nn.Module):
     return self._linear("proj", valproj.proj_settings(m, self.layer))(
         out_BTHd.reshape(B, T, D), anchors.get("proj"))
 
-  def _attend_cached(self, q_BTHd, k_BTHd, v_BTHd, attn_args, *, index_B, lengths_B):
+  def _impl(self) -> str:
+    """The path `model.attention_impl` takes here (attention_kernels.resolve_impl); "auto"
+    takes the explicit form while intermediates are collected, so that diagnostics read A."""
+    m = self.cfg
+    collecting = self.is_mutable_collection("intermediates") and not self.is_initializing()
+    if m.attention_impl == "auto" and collecting:
+      return "explicit"
+    return attention_kernels.resolve_impl(m.attention_impl, dtype=self.dtype,
+                                          soft_capped=m.dot_norm_type == "tanh")
+
+  def _attend_cached(self, q_BTHd, k_BTHd, v_BTHd, attn_args, impl, *, index_B, lengths_B):
     """Attends to the cache and appends the new keys and values (not while initialising)."""
     m = self.cfg
     B, T, H, d = k_BTHd.shape
@@ -95,10 +107,10 @@ class AttentionSubBlock(nn.Module):
                  "value_sum": ((B, H, d), jnp.float32)}
     centred = attn_args["centre_gain"] is not None
     cache = {name: self.variable("cache", name, jnp.zeros, *templates[name])
-             for name in kv_cache.cache_names(m.attention_impl, centred)}
+             for name in kv_cache.cache_names(impl, centred)}
     out_BTHd, new = kv_cache.cached_shaped_attention(
         q_BTHd, k_BTHd, v_BTHd, {name: var.value for name, var in cache.items()}, index_B,
-        lengths_B, **attn_args, impl=m.attention_impl)
+        lengths_B, **attn_args, impl=impl)
     if not self.is_initializing():
       for name, var in cache.items():
         var.value = new[name]

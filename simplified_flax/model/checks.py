@@ -5,7 +5,7 @@ Every error is a `ConfigError` (a ValueError) whose message starts with the dott
 offending field and says how to fix it, e.g.
     model.n_embd=100 is not divisible by model.n_head=12: choose n_embd = n_head * head_dim.
 """
-from simplified_flax.model import attention
+from simplified_flax.model import attention_kernels
 from simplified_flax.model import grad_rules
 from simplified_flax.model import layers
 from simplified_flax.model import valproj
@@ -57,9 +57,11 @@ def validate_model_config(m, prefix: str = "model", require_vocab: bool = True) 
   one_of(m.activation, layers.ACTIVATIONS, f("activation"))
   one_of(m.val_init_type, layers.INIT_TYPES, f("val_init_type"))
   one_of(m.proj_init_type, layers.INIT_TYPES, f("proj_init_type"))
-  one_of(m.attention_impl, attention.IMPLS, f("attention_impl"))
+  one_of(m.attention_impl, attention_kernels.REQUESTS, f("attention_impl"))
   one_of(grad_rules.mode_of(m), grad_rules.MODES, f("grad_rules"))
   one_of(m.tie_valproj_init, valproj.TIE_MODES, f("tie_valproj_init"))
+  for name in ("scan_layers", "remat"):
+    one_of(m.get(name, False), (False, True), f(name))
   require(m.norm_eps > 0, f"{f('norm_eps')}={m.norm_eps} must be positive.")
   require(0 <= m.dropout_rate < 1, f"{f('dropout_rate')}={m.dropout_rate} must be in [0, 1).")
 

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from simplified_flax.model import block
 from simplified_flax.model import checks
+from simplified_flax.model import layer_stack
 from simplified_flax.model import layers
 from simplified_flax.model import masks
 from simplified_flax.model import valproj
@@ -79,11 +79,9 @@ class Transformer(nn.Module):
     x_BTD = (wte(tokens_BT) + wpe(positions_BT)).astype(self.dtype)
     x_BTD = nn.Dropout(m.dropout_rate, deterministic=not train)(x_BTD)
 
-    for layer in range(m.n_layer):
-      x_BTD = block.Block(m, layer, self.causal, self.dtype, name=f"h_{layer}")(
-          x_BTD, anchors.get(f"layer_{layer}", {}), key_mask=key_mask, segment_ids=segment_ids,
-          train=train, cache_index=cache_index_B, lengths=lengths)
-      self.sow("intermediates", "hidden", x_BTD)
+    x_BTD = layer_stack.run_blocks(self, m, x_BTD, anchors, causal=self.causal, dtype=self.dtype,
+                                   key_mask=key_mask, segment_ids=segment_ids, train=train,
+                                   cache_index=cache_index_B, lengths=lengths)
 
     x_BTD = nn.LayerNorm(epsilon=m.norm_eps, dtype=self.dtype, name="ln_f")(x_BTD)
     if return_hidden:

@@ -30,6 +30,8 @@ from typing import Any, Dict, Mapping
 import jax
 import jax.numpy as jnp
 
+from simplified_flax.model import layer_stack
+
 HIDDEN = "hidden"
 ATTN_PROBS = "attn_probs"
 GAIN_SUFFIX = "_gain"
@@ -141,14 +143,24 @@ def gain_metrics(params: Mapping[str, Any]) -> Dict[str, jax.Array]:
     name = names[-1]
     if name in REPARAM_GAINS and len(names) > 2:
       name = f"{names[-2]}_{name}"
-    prefix = f"gain/{names[0]}/{name}" if len(names) > 1 else f"gain/{name}"
     leaf = jnp.asarray(leaf, jnp.float32)
-    if leaf.ndim == 0:
-      metrics[prefix] = leaf
-    else:
-      metrics[prefix + "_mean"] = jnp.mean(leaf)
-      metrics[prefix + "_std"] = jnp.std(leaf)
+    for module, value in _per_layer(names[0], leaf) if len(names) > 1 else [(None, leaf)]:
+      prefix = f"gain/{module}/{name}" if module else f"gain/{name}"
+      if value.ndim == 0:
+        metrics[prefix] = value
+      else:
+        metrics[prefix + "_mean"] = jnp.mean(value)
+        metrics[prefix + "_std"] = jnp.std(value)
   return metrics
+
+
+def _per_layer(module: str, leaf):
+  """[(module, leaf)], or for a scanned stack `h_<a>_to_<b>` one (`h_<l>`, leaf[i]) per layer,
+  so that metrics are named as in the unrolled model."""
+  layers = layer_stack.layers_of(module)
+  if layers is None or module == f"h_{layers.start}":
+    return [(module, leaf)]
+  return [(f"h_{layer}", leaf[i]) for i, layer in enumerate(layers)]
 
 
 # ------------------------------------------------------------------------------ everything
@@ -158,7 +170,8 @@ def collect(intermediates: Mapping[str, Any], params: Mapping[str, Any]) -> Dict
 
   `intermediates` is what `model.apply(..., mutable=["intermediates"])` returns under
   "intermediates": `hidden` holds one [B, T, D] per block in order; `h_<l>/attn/attn_probs`
-  the softmax of block l (explicit attention only; the entropy is skipped without it).
+  the softmax of block l (explicit attention only; the entropy is skipped without it), or
+  `h_<a>_to_<b>/attn/attn_probs` those of scanned layers a..b stacked (model.scan_layers).
   """
   metrics = {}
   for layer, x_BTD in enumerate(intermediates.get(HIDDEN, ())):
@@ -166,8 +179,9 @@ def collect(intermediates: Mapping[str, Any], params: Mapping[str, Any]) -> Dict
       metrics[f"{name}/layer_{layer}"] = value
   for name, sub in intermediates.items():
     probs = sub.get("attn", {}).get(ATTN_PROBS) if isinstance(sub, Mapping) else None
-    if name.startswith("h_") and probs:
-      metrics[f"attn_entropy/layer_{name[2:]}"] = attention_entropy(probs[0])
+    if layer_stack.layers_of(name) is not None and probs:
+      for module, probs_BHQK in _per_layer(name, probs[0]):
+        metrics[f"attn_entropy/layer_{module[2:]}"] = attention_entropy(probs_BHQK)
   metrics.update(gain_metrics(params))
   return metrics
 

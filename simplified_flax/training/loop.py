@@ -247,9 +247,10 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
 
 def _diagnostics_step(config, model):
   """`diagnostics_step` on the explicit attention path, whose softmax gives the entropy: a
-  fused config's model is rebuilt as explicit (same parameters). A caller's own `model` is
-  used as it is (no entropy if it sows no probabilities)."""
-  if model is not None or config.model.attention_impl == "explicit":
+  fused config's model is rebuilt as explicit (same parameters; "auto" takes the explicit
+  path by itself while intermediates are collected). A caller's own `model` is used as it is
+  (no entropy if it sows no probabilities)."""
+  if model is not None or config.model.attention_impl in ("explicit", "auto"):
     return diagnostics_step
   explicit = config.model.copy_and_resolve_references()
   explicit.attention_impl = "explicit"

@@ -158,10 +158,18 @@ class JitPlacement(Placement):
     return global_batch(local_batch, self.mesh, self.global_rows)
 
   def compile_step(self, step_fn, abstract_state, returns_state=True):
-    """The state keeps the shardings of `abstract_state`; outputs are replicated."""
+    """The state keeps the shardings of `abstract_state`; outputs are replicated. The step is
+    traced under the mesh, so kernels XLA cannot partition (TPU splash attention) can
+    `shard_map` themselves over it (model/attention_kernels.py)."""
     shardings = state_shardings(abstract_state, self.mesh)
     replicated = NamedSharding(self.mesh, P())
-    return jax.jit(step_fn, in_shardings=(shardings, batch_sharding(self.mesh)),
+    abstract_mesh = self.mesh.abstract_mesh
+
+    def step_under_mesh(state, batch):
+      with jax.sharding.use_abstract_mesh(abstract_mesh):
+        return step_fn(state, batch)
+
+    return jax.jit(step_under_mesh, in_shardings=(shardings, batch_sharding(self.mesh)),
                    out_shardings=(shardings, replicated) if returns_state else replicated,
                    donate_argnums=(0,) if returns_state else ())
 

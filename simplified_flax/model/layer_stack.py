@@ -1,0 +1,147 @@
+"""The stack of blocks: unrolled (one module per layer, `h_<l>`), or scanned (`model.scan_layers`).
+
+Scanned, the layers that share their structure run as one `nn.scan` over a module whose
+parameters carry a leading layer axis, so the step compiles one block body however deep the
+model is. Layers differ only where the config makes them differ (valproj.py, block.py):
+  * layer 0 when `first_layer_value_resid_gain` is set, or with `norm_type="none"` (its input
+    LayerNorm);
+  * the last layer when `last_layer_proj_resid_gain` is set.
+Those stay outside the scan under their unrolled names; the run between them is one module
+`h_<first>_to_<last>` (e.g. `h_1_to_17` for SAS-P at 18 layers; `h_0_to_17` for Pre-LN). A
+model with fewer than two such layers (L < 3) stays unrolled.
+Anchors (`constants`) keep their unrolled layout and are stacked per call.
+
+`model.remat` rematerialises each block in the backward pass (`nn.remat`), scanned or not.
+`stack_layers` / `unstack_layers` convert a params (or cache) tree between the two layouts,
+exactly: the same weights give the same losses and gradients either way.
+"""
+import re
+from typing import Any, Dict, Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from simplified_flax.model import block
+from simplified_flax.model import valproj
+
+_STACKED = re.compile(r"h_(\d+)_to_(\d+)$")
+
+
+def scan_on(m) -> bool:
+  """`model.scan_layers` (False for configs saved before the field existed)."""
+  return bool(m.get("scan_layers", False))
+
+
+def remat_on(m) -> bool:
+  return bool(m.get("remat", False))
+
+
+def _signature(m, layer: int) -> Tuple[Any, ...]:
+  """Everything a block's structure and constants depend on besides its weights."""
+  first_norm = "ln" if (m.norm_type == "none" and layer == 0) else m.norm_type
+  return (first_norm, valproj.value_settings(m, layer), valproj.proj_settings(m, layer))
+
+
+def scanned_layers(m) -> Optional[range]:
+  """The layers one scan runs (all but a differing first / last), or None: unrolled."""
+  L = m.n_layer
+  if not scan_on(m) or L < 3:
+    return None
+  shared = _signature(m, L // 2)
+  first = 0 if _signature(m, 0) == shared else 1
+  stop = L if _signature(m, L - 1) == shared else L - 1
+  layers = range(first, stop)
+  if len(layers) < 2 or any(_signature(m, l) != shared for l in layers):
+    return None
+  return layers
+
+
+def stacked_name(layers: range) -> str:
+  return f"h_{layers.start}_to_{layers.stop - 1}"
+
+
+def layers_of(name: str) -> Optional[range]:
+  """The layers module `name` holds: `h_3` -> range(3, 4), `h_1_to_16` -> range(1, 17)."""
+  match = _STACKED.match(name)
+  if match:
+    return range(int(match.group(1)), int(match.group(2)) + 1)
+  if re.fullmatch(r"h_\d+", name):
+    return range(int(name[2:]), int(name[2:]) + 1)
+  return None
+
+
+class LayerStep(block.Block):
+  """One block as a scan step: (x, per-layer inputs) -> (x, x or None); `train` and whether
+  to emit the hidden state are attributes, since scan and remat take only arrays."""
+  train: bool = False
+  emit_hidden: bool = False
+
+  def __call__(self, x_BTD, anchors, key_mask, segment_ids, cache_index, lengths):
+    out_BTD = super().__call__(x_BTD, anchors, key_mask=key_mask, segment_ids=segment_ids,
+                               train=self.train, cache_index=cache_index, lengths=lengths)
+    return out_BTD, (out_BTD if self.emit_hidden else None)
+
+
+def run_blocks(parent: nn.Module, m, x_BTD, anchors: Dict[str, Any], *, causal: bool, dtype,
+               key_mask, segment_ids, train: bool, cache_index, lengths):
+  """x [B, T, D] through every block, as submodules of `parent` (a compact Transformer),
+  sowing each block's output as "hidden" in `intermediates`, layer by layer, in order."""
+  scanned = scanned_layers(m)
+  emit = parent.is_mutable_collection("intermediates")
+  # Under scan, CSE cannot undo the rematerialisation, so it need not be prevented.
+  scan_step = nn.remat(LayerStep, prevent_cse=False) if remat_on(m) else LayerStep
+  per_layer = (key_mask, segment_ids, cache_index, lengths)
+  layer = 0
+  while layer < m.n_layer:
+    if scanned is not None and layer == scanned.start:
+      stack = nn.scan(scan_step, variable_axes={"params": 0, "intermediates": 0, "cache": 0},
+                      split_rngs={"params": True, "dropout": True},
+                      in_axes=(0,) + (nn.broadcast,) * 4, length=len(scanned))
+      x_BTD, hidden_LBTD = stack(m, layer, causal, dtype, train=train, emit_hidden=emit,
+                                 name=stacked_name(scanned))(
+          x_BTD, stacked_anchors(anchors, scanned), *per_layer)
+      for i in range(len(scanned) if emit else 0):
+        parent.sow("intermediates", "hidden", hidden_LBTD[i])
+      layer = scanned.stop
+      continue
+    layer_anchors = anchors.get(f"layer_{layer}", {})
+    if remat_on(m):
+      x_BTD, _ = nn.remat(LayerStep)(m, layer, causal, dtype, train=train, name=f"h_{layer}")(
+          x_BTD, layer_anchors, *per_layer)
+    else:   # exactly the unrolled model of configs that predate the switches
+      x_BTD = block.Block(m, layer, causal, dtype, name=f"h_{layer}")(
+          x_BTD, layer_anchors, key_mask=key_mask, segment_ids=segment_ids, train=train,
+          cache_index=cache_index, lengths=lengths)
+    parent.sow("intermediates", "hidden", x_BTD)
+    layer += 1
+  return x_BTD
+
+
+def stacked_anchors(anchors: Dict[str, Any], layers: range) -> Dict[str, jax.Array]:
+  """{"value": [n, D, D], "proj": [n, D, D]} of `layers` (the keys they all have)."""
+  entries = [anchors.get(f"layer_{l}", {}) for l in layers]
+  return {key: jnp.stack([e[key] for e in entries]) for key in entries[0]}
+
+
+def stack_layers(tree: Dict[str, Any], m) -> Dict[str, Any]:
+  """An unrolled params/cache tree ({"h_0": ..., "h_1": ...}) in the scanned layout of `m`."""
+  layers = scanned_layers(m)
+  if layers is None:
+    return dict(tree)
+  out = {k: v for k, v in tree.items() if layers_of(k) is None or layers_of(k)[0] not in layers}
+  out[stacked_name(layers)] = jax.tree.map(lambda *xs: jnp.stack(xs),
+                                           *[tree[f"h_{l}"] for l in layers])
+  return out
+
+
+def unstack_layers(tree: Dict[str, Any], m) -> Dict[str, Any]:
+  """The inverse of `stack_layers`: a scanned tree in the unrolled layout."""
+  layers = scanned_layers(m)
+  if layers is None:
+    return dict(tree)
+  out = {k: v for k, v in tree.items() if k != stacked_name(layers)}
+  stacked = tree[stacked_name(layers)]
+  for i, l in enumerate(layers):
+    out[f"h_{l}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  return out

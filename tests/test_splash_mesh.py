@@ -1,0 +1,83 @@
+"""The TPU splash kernel under a multi-device jit mesh: `shard_map`ped over the batch (and, where
+the batch runs out, the heads), equal to the explicit form in outputs and gradients. Runs in a
+child process on 8 simulated CPU devices, the kernel in Pallas interpret mode."""
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from simplified_flax.model import attention_kernels
+from test_train_loop import REPO, subprocess_env
+
+SCRIPT = r"""
+import functools, json
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from simplified_flax.model import attention, attention_kernels
+from simplified_flax.training import placement
+
+attention_kernels.dot_product_attention = functools.partial(
+    attention_kernels.dot_product_attention, backend="tpu", interpret=True)
+T, H, DH = 128, 2, 8
+GAINS = dict(resid_gain=jnp.array([1.0, 0.5]), skip_gain=jnp.array([0.3, 1.0]),
+             centre_gain=jnp.array([0.9, 0.2]))
+mesh = placement.make_mesh(fsdp=2)   # ("data": 4, "fsdp": 2)
+
+def step(impl, causal):
+  def value_and_grad(gains, batch, axis_name=None):
+    def loss(gains, q, k, v):
+      out = attention.shaped_attention(q, k, v, causal=causal, impl=impl, **gains)
+      return jnp.sum(jnp.sin(out))
+    return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(gains, *batch)
+  return value_and_grad
+
+def qkv(batch):
+  keys = jax.random.split(jax.random.key(batch), 3)
+  return [jax.random.normal(key, (batch, T, H, DH)) for key in keys]
+
+out = {}
+# The training path: JitPlacement's step over the mesh, 8 rows (one per device).
+jit_placement = placement.JitPlacement(8, mesh)
+batch = jax.device_put(qkv(8), placement.batch_sharding(mesh))
+abstract = jax.eval_shape(lambda: GAINS)
+for causal in (True, False):
+  run = lambda impl: jit_placement.compile_step(step(impl, causal), abstract,
+                                                returns_state=False)(GAINS, batch)
+  out[f"rows_causal{causal}"] = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
+                                              run("fused"), run("explicit"))
+with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+  out["jaxpr_has_shard_map"] = "shard_map" in str(jax.make_jaxpr(step("fused", True))(
+      GAINS, batch))
+# 4 rows: the batch splits over "data", the heads over "fsdp".
+batch = jax.device_put(qkv(4), NamedSharding(mesh, P("data")))
+def under_mesh(impl):
+  def f(gains, batch):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return step(impl, True)(gains, batch)
+  return jax.jit(f)(GAINS, batch)
+out["heads"] = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
+                            under_mesh("fused"), under_mesh("explicit"))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_mesh_split_gives_axes_to_the_batch_then_the_heads():
+  split = attention_kernels.mesh_split
+  assert split((("data", 4), ("fsdp", 2)), 8, 12) == (("data", "fsdp"), ())
+  assert split((("data", 4), ("fsdp", 2)), 4, 12) == (("data",), ("fsdp",))
+  assert split((("data", 8), ("fsdp", 1)), 2, 16) == ((), ("data",))
+  assert split((("data", 8),), 3, 5) == ((), ())   # neither divides: repeated, not split
+
+
+def test_splash_under_an_eight_device_mesh_equals_explicit():
+  proc = subprocess.run([sys.executable, "-c", SCRIPT], env=subprocess_env(devices=8),
+                        cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+  assert out.pop("jaxpr_has_shard_map")
+  for case, (value_diff, grad_diffs) in out.items():
+    assert value_diff < 1e-3, case   # a sum over 8 x 128 x 2 x 8 outputs
+    np.testing.assert_array_less(np.array(jax.tree.leaves(grad_diffs)), 1e-3, err_msg=case)
+
