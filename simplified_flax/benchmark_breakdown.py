@@ -15,7 +15,8 @@ scopes), and its FLOPs and bytes come from the optimized HLO (hlo_costs.py). Par
   norms + other elementwise   norms, activations, residual sums, gains, dtype casts;
   head + loss      the tied head's matmuls and the cross-entropy (`loss` scope);
   optimizer        gradient scaling, clipping, AdamW (`optimizer` scope);
-  other            anything else (random keys, copies between the parts).
+  other            anything else (random keys, copies between the parts), and the time of
+                   the step's kernels that the trace ties to no HLO instruction.
 
 time is the kernels' summed device time per step. On a GPU or TPU that is the device's op
 timeline, so the parts add up to the step less its idle gaps. On a CPU it is the duration of
@@ -38,6 +39,7 @@ from simplified_flax import hlo_costs
 PARTS = ("embedding", "attention core", "block matmuls", "norms + other elementwise",
          "head + loss", "optimizer", "other")
 ATTENTION_LINEARS = ("c_attn", "value", "proj")   # attention's own linear layers (block.py)
+UNATTRIBUTED = "(kernels of the step tied to no instruction)"
 
 
 def part_of(op_name: str, is_matmul: bool) -> str:
@@ -60,8 +62,8 @@ def part_of(op_name: str, is_matmul: bool) -> str:
   return "other"
 
 
-def kernel_seconds(run, steps: int, module: str) -> Dict[str, float]:
-  """Device seconds per step of each kernel (HLO instruction name) of `module` while
+def kernel_seconds(run, steps: int, program: hlo_costs.Program) -> Dict[str, float]:
+  """Device seconds per step of each kernel (HLO instruction name) of `program` while
   `run(steps)` runs under the profiler; {} when the trace has none (no device tracer)."""
   with tempfile.TemporaryDirectory() as folder:
     jax.profiler.start_trace(folder)
@@ -75,25 +77,33 @@ def kernel_seconds(run, steps: int, module: str) -> Dict[str, float]:
     planes = list(jax.profiler.ProfileData.from_file(files[0]).planes)
   devices = [p for p in planes if p.name.startswith("/device:")]
   for plane in sorted(devices, key=lambda p: p.name) + [p for p in planes if p not in devices]:
-    seconds = _plane_kernel_seconds(plane, module)
+    seconds = _plane_kernel_seconds(plane, program)
     if seconds:
       return {name: s / steps for name, s in seconds.items()}
   return {}
 
 
-def _plane_kernel_seconds(plane, module: str) -> Dict[str, float]:
+def _plane_kernel_seconds(plane, program: hlo_costs.Program) -> Dict[str, float]:
+  """Kernel events carry their instruction in an "hlo_op" stat (CPU, GPU), or are named after
+  it on an "XLA Ops" line (TPU); a GPU kernel without the stat is matched by its name, which
+  XLA derives from the instruction's ("loop_add_fusion.3" -> "loop_add_fusion_3")."""
+  by_kernel_name = {re.sub(r"\W", "_", name): name for name in program.kernels}
   lines = list(plane.lines)
-  ops_lines = [line for line in lines if line.name == "XLA Ops"]   # GPU/TPU op timeline
+  ops_lines = [line for line in lines if line.name == "XLA Ops"]
   seconds: Dict[str, float] = collections.defaultdict(float)
   for line in ops_lines or lines:
     for event in line.events:
       stats = dict(event.stats)
-      name = stats.get("hlo_op") or (event.name if ops_lines else None)
-      if not name or str(stats.get("hlo_module", module)) != module:
+      if str(stats.get("hlo_module", program.module)) != program.module:
         continue
       if int(stats.get("device_ordinal", 0) or 0) != 0:
         continue
-      seconds[str(name)] += event.duration_ns * 1e-9
+      name = str(stats.get("hlo_op") or event.name)
+      if name in program.instructions and name not in program.kernels:
+        continue   # a loop or call: its body's kernels have events of their own
+      name = name if name in program.kernels else by_kernel_name.get(re.sub(r"\W", "_", name))
+      if name or "hlo_module" in stats or ops_lines:
+        seconds[name or UNATTRIBUTED] += event.duration_ns * 1e-9
   return dict(seconds)
 
 
@@ -101,13 +111,14 @@ def breakdown(compiled, run, steps: int = 3) -> Dict[str, Any]:
   """{"parts": {part: {"time_s", "share", "flops", "bytes"}}, "op_time_s", "timed"}: per step
   of the compiled program `compiled`, whose `run(steps)` executes it `steps` times."""
   program = hlo_costs.parse(compiled.as_text())
-  times = kernel_seconds(run, steps, program.module)
+  times = kernel_seconds(run, steps, program)
   parts = {p: {"time_s": 0.0, "flops": 0.0, "bytes": 0.0} for p in PARTS}
   for name, kernel in program.kernels.items():
     part = parts[part_of(kernel.op_name, kernel.is_matmul)]
     part["flops"] += kernel.flops * kernel.runs
     part["bytes"] += kernel.bytes * kernel.runs
     part["time_s"] += times.get(name, 0.0)
+  parts["other"]["time_s"] += times.get(UNATTRIBUTED, 0.0)
   total = sum(p["time_s"] for p in parts.values())
   for p in parts.values():
     p["share"] = p["time_s"] / total if total else None
