@@ -75,12 +75,12 @@ def _batch(kind, rng):
   return {"inputs": tokens_BT, "targets": tokens_BT[:, ::-1], "weights": weights_BT}
 
 
-@pytest.mark.parametrize("variant", ["sas_p", "bert_sas_p"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("variant,dtype", [("sas_p", "float32"), ("sas_p", "bfloat16"),
+                                           ("bert_sas_p", "float32")])
 def test_training_and_evaluation_losses_equal_the_full_logits_loss(variant, dtype):
   """Decoder with packed segment weights, encoder with MLM weights: the step's loss sums, the
   gradient of every parameter and the encoder's exact-match count agree with the chunked
-  loss off (model.loss_vocab_chunk_size=0)."""
+  loss off (model.loss_vocab_chunk_size=0). (bfloat16 arg-max ties: the first test.)"""
   results = {}
   for chunk in (128, 0):
     config = _config(variant, dtype, loss_vocab_chunk_size=chunk)
@@ -101,8 +101,7 @@ def test_training_and_evaluation_losses_equal_the_full_logits_loss(variant, dtyp
     if g.size > 1:   # a scalar gain's gradient sums many cancelling terms: the tree check
       assert _rel(g, want) < 10 * TOLERANCE[dtype]["grad"], jax.tree_util.keystr(path)
   if variant.startswith("bert"):
-    assert abs(float(sums["correct_sum"]) - float(want_sums["correct_sum"])) <= (
-        0 if dtype == "float32" else 2)   # bfloat16 logits may break a near-tie differently
+    assert float(sums["correct_sum"]) == float(want_sums["correct_sum"])
 
 
 def test_vocab_padding_changes_no_logit_and_no_parameter():
