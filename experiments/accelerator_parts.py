@@ -245,15 +245,18 @@ def xla_flag_runs(spec: str, overrides: Mapping[str, Any], flag_sets: Sequence[s
                   rounds: int, steps: int, matmul_size: int, timeout_s: int) -> List[Dict]:
   """One `python -m simplified_flax.benchmark` process per entry of `flag_sets` (XLA reads its
   flags once, when the backend starts), the first being the reference (usually ""): tokens/s,
-  the matmul peak and the compile time of each, and their ratios to the first. The matmul
-  peak's ratio shows how much the machine itself drifted between the processes."""
+  the matmul peak and the compile time of each, and their ratios to the first (the matmul
+  peak's ratio shows how much the machine itself drifted between the processes), and the
+  share of each part of the step in its --breakdown (CUDA graphs may hide kernels from the
+  trace: a run with them off shows every kernel)."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, PYTHONPATH=repo, XLA_PYTHON_CLIENT_PREALLOCATE="false")
   rows = []
   for flag_set in flag_sets:
     command = [sys.executable, "-m", "simplified_flax.benchmark", f"--configs={spec}",
                f"--rounds={rounds}", f"--steps={steps}", f"--matmul_size={matmul_size}",
-               f"--xla_flags={flag_set}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
+               f"--xla_flags={flag_set}", "--breakdown"] + [
+                   f"--config.{k}={v}" for k, v in overrides.items()]
     row = {"xla_flags": flag_set}
     try:
       done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True,
@@ -264,6 +267,7 @@ def xla_flag_runs(spec: str, overrides: Mapping[str, Any], flag_sets: Sequence[s
         result = json.loads(done.stdout.strip().splitlines()[-1])[spec]
         row.update({k: result[k] for k in ("tokens_per_sec", "step_time_s", "compile_s",
                                            "matmul_peak_flops_per_s", "batch_size")})
+        row["shares"] = {part: p["share"] for part, p in result["breakdown"]["parts"].items()}
     except subprocess.TimeoutExpired:
       row["error"] = f"took longer than {timeout_s} s"
     reference = rows[0] if rows else row

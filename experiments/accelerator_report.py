@@ -104,7 +104,19 @@ def _xla_flags(rows: list, output: str) -> list:
           [f"failed: {r['error']}", "-", "-", "-"] if "error" in r else
           [f"{r['tokens_per_sec']:,.0f}", _fmt(r.get("tokens_ratio"), ".3f"),
            _fmt(r.get("peak_ratio"), ".3f"), f"{r['compile_s']:.0f} s"]) for r in rows],
-      align="lrrrr") + [""]
+      align="lrrrr") + ["", "Share of the step's kernel time per part (its --breakdown):", ""] + (
+          _shares_table([r for r in rows if "shares" in r]))
+
+
+def _shares_table(rows: list) -> list:
+  if not rows:
+    return []
+  parts = list(rows[0]["shares"])
+  return report_lib.markdown_table(
+      ["XLA flags"] + parts,
+      [[f"`{r['xla_flags']}`" if r["xla_flags"] else "(none)"] +
+       [_fmt(r["shares"][p] and 100 * r["shares"][p], ".1f") for p in parts] for r in rows],
+      align="l" + "r" * len(parts)) + [""]
 
 
 # (results key, section): the report's order; a new part adds its own.

@@ -91,6 +91,7 @@ def _plane_kernel_seconds(plane, program: hlo_costs.Program) -> Dict[str, float]
   lines = list(plane.lines)
   ops_lines = [line for line in lines if line.name == "XLA Ops"]
   seconds: Dict[str, float] = collections.defaultdict(float)
+  containers: Dict[str, float] = collections.defaultdict(float)
   for line in ops_lines or lines:
     for event in line.events:
       stats = dict(event.stats)
@@ -100,10 +101,17 @@ def _plane_kernel_seconds(plane, program: hlo_costs.Program) -> Dict[str, float]
         continue
       name = str(stats.get("hlo_op") or event.name)
       if name in program.instructions and name not in program.kernels:
-        continue   # a loop or call: its body's kernels have events of their own
+        containers[name] += event.duration_ns * 1e-9   # a loop, call or command buffer
+        continue
       name = name if name in program.kernels else by_kernel_name.get(re.sub(r"\W", "_", name))
       if name or "hlo_module" in stats or ops_lines:
         seconds[name or UNATTRIBUTED] += event.duration_ns * 1e-9
+  # A container's time counts only when none of its kernels was seen on its own (e.g. kernels
+  # replayed from a CUDA graph that the trace shows as the graph's launch alone).
+  seen = {program.kernels[name].computation for name in seconds if name in program.kernels}
+  for name, container_s in containers.items():
+    if not program.computations_under(name) & seen:
+      seconds[UNATTRIBUTED] += container_s
   return dict(seconds)
 
 

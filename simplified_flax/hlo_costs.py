@@ -55,6 +55,18 @@ class Program:
   module: str                                  # the HloModule's name
   instructions: Dict[str, Instruction]         # every instruction, by its unique name
   kernels: Dict[str, Instruction]              # those that run as kernels, costs filled in
+  calls: Dict[str, List[str]]                  # computations each instruction calls
+
+  def computations_under(self, name: str) -> set:
+    """Every computation a loop, call or fusion `name` runs, however deeply nested."""
+    found, stack = set(), list(self.calls.get(name, ()))
+    while stack:
+      computation = stack.pop()
+      if computation not in found:
+        found.add(computation)
+        stack += [c for i in self.instructions.values() if i.computation == computation
+                  for c in self.calls.get(i.name, ())]
+    return found
 
 
 def shape_bytes(shape: str) -> float:
@@ -164,7 +176,7 @@ def parse(hlo_text: str) -> Program:
                                                for o in inst.operands)
     inst.is_matmul = _has_matmul(inst, computations, called)
     kernels[name] = inst
-  return Program(module.group(1) if module else "", instructions, kernels)
+  return Program(module.group(1) if module else "", instructions, kernels, called)
 
 
 def _runs_per_computation(entry, computations, called) -> Dict[str, int]:

@@ -1,5 +1,7 @@
 """The step breakdown: HLO costs, the parts' names, and a profiled tiny step on the CPU (the
 `--breakdown` flag of the command: test_benchmark.py)."""
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -63,3 +65,24 @@ def test_breakdown_of_a_profiled_tiny_step():
   assert result["op_time_s"] == pytest.approx(sum(p["time_s"] for p in parts.values()))
   text = benchmark_breakdown.table("preln", result, step_time_s=0.01)
   assert "head + loss" in text and "all kernels" in text
+
+
+def test_a_loop_counts_once_whether_or_not_its_kernels_show():
+  """A loop's event is dropped when its body's kernels have events of their own, and counted
+  (as unattributed) when they do not, e.g. kernels replayed from a CUDA graph."""
+  def f(x_MK, w_KN):
+    return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w_KN), None), x_MK, None, length=3)[0]
+
+  program = hlo_costs.parse(jax.jit(f).lower(jnp.ones((8, 16)), jnp.ones((16, 16))).compile()
+                            .as_text())
+  loop = next(n for n, i in program.instructions.items() if i.opcode == "while")
+  body_kernel = next(n for n, k in program.kernels.items() if k.runs == 3)
+  event = lambda name, ns: SimpleNamespace(name=name, duration_ns=ns, stats=[
+      ("hlo_op", name), ("hlo_module", program.module)])
+  plane = lambda *events: SimpleNamespace(lines=[SimpleNamespace(name="stream", events=events)])
+  seconds = benchmark_breakdown._plane_kernel_seconds(  # pylint: disable=protected-access
+      plane(event(loop, 900), event(body_kernel, 300)), program)
+  assert seconds == {body_kernel: pytest.approx(3e-7)}
+  seconds = benchmark_breakdown._plane_kernel_seconds(  # pylint: disable=protected-access
+      plane(event(loop, 900)), program)
+  assert seconds == {benchmark_breakdown.UNATTRIBUTED: pytest.approx(9e-7)}
