@@ -7,7 +7,8 @@
 Counting rules (XLA's own cost-analysis conventions, applied per instruction):
   * flops: 2 * (result elements) * (contracted elements) per matmul (`dot`, `convolution`,
     GEMM custom calls, and dots inside fusions); one per result element of any other
-    arithmetic instruction (a reduce: one per input element); data movement counts none.
+    arithmetic instruction (a reduce: one per input element); data movement and library
+    calls other than GEMMs (e.g. cuDNN attention) count none.
   * bytes: the kernel's operands plus its result, i.e. what it reads and writes in memory
     (a fusion's intermediates stay in registers and are not counted).
   * runs: executions per call of the program: 1 in the entry computation, times the known
