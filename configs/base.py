@@ -89,6 +89,13 @@ def model_config() -> ml_collections.ConfigDict:
   m.mlp_proj_init_std = _placeholder(float)
 
   m.dropout_rate = 0.0               # embedding, attention and residual dropout
+
+  # The tied head and its loss (README, "The loss"): training and evaluation score the final
+  # hidden states against the embedding this many vocabulary entries at a time, never holding
+  # the [tokens, V] logits (0: the full float32 logits, as before); the head's matmul width
+  # (and each chunk's) is rounded up to a multiple of vocab_pad_multiple (1: no padding).
+  m.loss_vocab_chunk_size = 8192
+  m.vocab_pad_multiple = 1
   return m
 
 

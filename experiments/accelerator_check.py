@@ -16,12 +16,20 @@ Parts, each written to `<output>/results.json`, `report.md` and PNGs:
      largest batch up to 128 that fits) of Pre-LN, SAS, SAS-P and SAS-P without norms, with
      tokens/s, MFU against the measured and the nominal peak, memory, and each ratio to Pre-LN
      (paper, Table 1: 1.09, 1.16, 1.20); plus SAS-P on the fused path, and Pre-LN and SAS-P with
-     the CPU gradient rules switched the other way from this backend's default.
+     the CPU gradient rules switched the other way from this backend's default; and, paired
+     with Pre-LN, Pre-LN scoring the full float32 logits (model.loss_vocab_chunk_size=0, the
+     loss before chunking) and Pre-LN with its head padded to a multiple of 128.
   c. long context: explicit vs fused SAS-P (2 layers, D=768, batch 1) at T=4,096 and 16,384:
      XLA's step memory and step time, or "out of memory".
   d. training: Pre-LN, SAS and SAS-P at 18 layers x 768 for 2,000 steps of 128 x 128 byte
      tokens, the same windows in the same order: loss vs step and vs training time.
-Expected on one H200: about 6 minutes in all; every equality within tolerance.
+  e. breakdown (with b, on its compiled steps): where Pre-LN's and SAS-P's step time goes
+     (embedding, attention core, block matmuls, norms, head + loss, optimizer), with the
+     FLOPs and bytes of each part (simplified_flax/benchmark_breakdown.py).
+  f. XLA flags: Pre-LN at b's shape in one benchmark process per flag set (XLA reads its flags
+     at start-up), the first without extra flags: tokens/s ratios to it, and the matmul peak's
+     ratio as the check on machine drift. Run last, so a time limit costs only this part.
+Expected on one H200: about 7 minutes in all; every equality within tolerance.
 """
 import argparse
 import datetime
@@ -37,9 +45,9 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import accelerator_parts as parts  # pylint: disable=g-import-not-at-top
 import configs  # pylint: disable=g-import-not-at-top
 from simplified_flax import benchmark  # pylint: disable=g-import-not-at-top
+import accelerator_report  # pylint: disable=g-import-not-at-top
 import report_lib  # pylint: disable=g-import-not-at-top
 
-PAPER_SPEEDUPS = {"sas": 1.09, "sas_p": 1.16, "sas_p_nonorm": 1.20}   # He & Hofmann, Table 1
 PAPER_SHAPE = {"model.n_layer": 18, "model.n_embd": 768, "model.n_head": 12,
                "model.context_length": 128, "dtype": "bfloat16"}
 BYTE_VOCAB = 259
@@ -55,6 +63,13 @@ FULL = {
     "train": dict(PAPER_SHAPE, **{"model.vocab_size": BYTE_VOCAB, "batch_size": 128,
                                   "num_train_steps": 2000}),
     "log_every": 50, "eval_every": 500, "eval_batches": 8, "corpus_tokens": 16 << 20,
+    "breakdown_steps": 3,
+    # Command buffers (CUDA graphs) batch many small kernels into one launch: off, then on
+    # for loops and conditionals too (our loss and layer scans) with no minimum graph size.
+    "xla_flag_sets": ("", "--xla_gpu_enable_command_buffer=",
+                      "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
+                      "WHILE,CONDITIONAL --xla_gpu_graph_min_graph_size=1"),
+    "flag_rounds": 3, "flag_steps": 5, "flag_timeout_s": 180,
 }
 _TINY_MODEL = {"model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2,
                "model.context_length": 32, "model.vocab_size": BYTE_VOCAB}
@@ -65,9 +80,12 @@ TINY = {   # float32: XLA:CPU compiles it faster than bfloat16, and CPU time is 
     "long": dict(_TINY_MODEL, batch_size=1), "lengths": (64, 128), "long_steps": 2,
     "train": dict(_TINY_MODEL, batch_size=4, num_train_steps=20),
     "log_every": 5, "eval_every": 10, "eval_batches": 2, "corpus_tokens": 1 << 18,
+    "breakdown_steps": 2, "xla_flag_sets": ("", "--xla_cpu_enable_fast_math=false"),
+    "flag_rounds": 1, "flag_steps": 1, "flag_timeout_s": 300,
 }
 BENCH_VARIANTS = ("preln", "sas", "sas_p", "sas_p_nonorm")
 TRAIN_VARIANTS = ("preln", "sas", "sas_p")
+BREAKDOWN_VARIANTS = ("preln", "sas_p")
 
 
 def make_corpus(path: str, num_tokens: int) -> np.ndarray:
@@ -109,9 +127,22 @@ def grad_rules_variants(overrides: dict) -> dict:
           for v in ("preln", "sas_p")}
 
 
+def throughput_configs(overrides: dict) -> dict:
+  """Part b's configs by name: the variants, then the paired alternatives."""
+  named = {v: configs.load(v, overrides) for v in BENCH_VARIANTS}
+  named["sas_p/fused"] = configs.load("sas_p", dict(overrides, **{
+      "model.attention_impl": "fused"}))
+  named.update(grad_rules_variants(overrides))
+  named["preln/full_logits_loss"] = configs.load("preln", dict(overrides, **{
+      "model.loss_vocab_chunk_size": 0}))
+  named["preln/vocab_pad_128"] = configs.load("preln", dict(overrides, **{
+      "model.vocab_pad_multiple": 128}))
+  return named
+
+
 def run_check(settings: dict, corpus_N: np.ndarray, parts_wanted: str, save) -> dict:
-  """Runs the wanted parts ("abcd" or a subset) in order; `save(results)` after each, so a run
-  stopped by a time limit keeps what it finished."""
+  """Runs the wanted parts ("abcdef" or a subset; e runs with b) in order; `save(results)`
+  after each, so a run stopped by a time limit keeps what it finished."""
   results = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
              "device_count": jax.device_count(), "jax": jax.__version__,
              "date": datetime.date.today().isoformat(), "wall_s": 0.0}
@@ -125,16 +156,19 @@ def run_check(settings: dict, corpus_N: np.ndarray, parts_wanted: str, save) -> 
   if "a" in parts_wanted:
     done("equalities", parts.attention_equalities(settings["attention_shape"])
          + parts.model_equalities("sas_p", settings["model_check"]))
-  if "b" in parts_wanted:
-    named = {v: configs.load(v, settings["bench"]) for v in BENCH_VARIANTS}
-    named["sas_p/fused"] = configs.load("sas_p", dict(settings["bench"], **{
-        "model.attention_impl": "fused"}))
-    named.update(grad_rules_variants(settings["bench"]))
+  if "b" in parts_wanted or "e" in parts_wanted:
+    named = throughput_configs(settings["bench"])
+    if "b" not in parts_wanted:
+      named = {v: named[v] for v in BREAKDOWN_VARIANTS}
     runners = parts.make_runners(named, settings["bench_batches"])
-    done("throughput", benchmark.measure(list(runners.values()), settings["rounds"],
-                                         settings["steps"], settings["matmul_size"]))
+    if "b" in parts_wanted:
+      done("throughput", benchmark.measure(list(runners.values()), settings["rounds"],
+                                           settings["steps"], settings["matmul_size"]))
+      print(benchmark.table(results["throughput"]), flush=True)
+    if "e" in parts_wanted:
+      done("breakdown", parts.breakdowns(runners, BREAKDOWN_VARIANTS,
+                                         settings["breakdown_steps"]))
     del runners
-    print(benchmark.table(results["throughput"]), flush=True)
   if "c" in parts_wanted:
     done("long_context", parts.long_context("sas_p", settings["long"], settings["lengths"],
                                             settings["long_steps"]))
@@ -144,77 +178,14 @@ def run_check(settings: dict, corpus_N: np.ndarray, parts_wanted: str, save) -> 
         {v: configs.load(v, settings["train"]) for v in TRAIN_VARIANTS}, train_N, eval_N,
         log_every=settings["log_every"], eval_every=settings["eval_every"],
         eval_batches=settings["eval_batches"]))
+  if "f" in parts_wanted:
+    batch_size = results.get("throughput", {}).get("preln", {}).get(
+        "batch_size", settings["bench_batches"][0])
+    done("xla_flags", parts.xla_flag_runs(
+        "preln", dict(settings["bench"], batch_size=batch_size), settings["xla_flag_sets"],
+        rounds=settings["flag_rounds"], steps=settings["flag_steps"],
+        matmul_size=settings["matmul_size"], timeout_s=settings["flag_timeout_s"]))
   return results
-
-
-# ------------------------------------------------------------------------------------ report
-
-def _fmt(value, spec: str) -> str:
-  return "-" if value is None else format(value, spec)
-
-
-def report(results: dict, output: str, command: str) -> str:
-  """Writes the plots and returns the markdown report of `run_check`'s results."""
-  lines = [f"# Accelerator check: {results['device']} ({results['backend']}, jax {results['jax']})",
-           "", f"`{command}` ({results['date']}, {results['wall_s']:.0f} s in all)", ""]
-  for key, section in (("equalities", _equalities), ("throughput", _throughput),
-                       ("long_context", _long_context), ("training", _training)):
-    if key in results:
-      lines += section(results[key], output)
-  return "\n".join(lines)
-
-
-def _equalities(rows: list, output: str) -> list:
-  del output
-  lines = ["## a. Equalities (relative error ||fused - explicit|| / ||explicit||)", ""]
-  return lines + report_lib.markdown_table(
-      ["check", "dtype", "relative error", "tolerance", "ok", "fused path on cuDNN"],
-      [[r["check"], r["dtype"], _fmt(r.get("rel_error"), ".2e"), _fmt(r.get("tolerance"), ".0e"),
-        {True: "yes", False: "**NO**", None: r.get("note", "-")}[r["ok"]],
-        {True: "yes", False: "no", None: "-"}[r.get("fused_path_uses_cudnn")]]
-       for r in rows], align="llrrll") + [""]
-
-
-def _throughput(bench: dict, output: str) -> list:
-  first = next(iter(bench.values()))
-  lines = [f"## b. Throughput at B={first['batch_size']} T={first['seq_len']} "
-            f"L={first['n_layer']} D={first['n_embd']} V={first['vocab_size']}, {first['dtype']}",
-            "", "Ratios are paired within rounds (each round times every config once).", ""]
-  lines += report_lib.markdown_table(
-      ["config", "params", "tokens/s", "x Pre-LN", "paper", "MFU (measured peak)",
-       "MFU (nominal)", "memory", "compile"],
-      [[name, f"{r['params_trainable'] / 1e6:.1f}M", f"{r['tokens_per_sec']:,.0f}",
-        f"{r['speedup_paired']:.3f}", _fmt(PAPER_SPEEDUPS.get(name), ".2f"),
-        f"{100 * r['mfu']:.1f}%", _fmt(r["mfu_nominal"] and 100 * r["mfu_nominal"], ".1f"),
-        f"{r['memory_bytes'] / 2**30:.2f} GiB", f"{r['compile_s']:.0f} s"]
-       for name, r in bench.items()])
-  report_lib.plot_bars({n: r["speedup_paired"] for n, r in bench.items()},
-                       os.path.join(output, "throughput.png"), reference=1.0,
-                       title="Training throughput relative to Pre-LN", ylabel="x Pre-LN")
-  return lines + ["", "![throughput](throughput.png)", ""]
-
-
-def _long_context(rows: list, output: str) -> list:
-  del output
-  return ["## c. Long context (SAS-P)", ""] + report_lib.markdown_table(
-      ["T", "attention", "step memory", "step time", "tokens/s"],
-      [[r["seq_len"], r["attention_impl"]] + (["out of memory", "-", "-"] if r["oom"] else [
-          f"{r['memory_bytes'] / 2**30:.2f} GiB", f"{1e3 * r['step_time_s']:.1f} ms",
-          f"{r['tokens_per_sec']:,.0f}"]) for r in rows], align="rlrrr") + [""]
-
-
-def _training(train: dict, output: str) -> list:
-  lines = ["## d. Training comparison (same windows, same order)", ""]
-  lines += report_lib.markdown_table(
-      ["variant", "final eval loss", "final train loss", "tokens/s", "training time"],
-      [[n, f"{r['final_eval_loss']:.4f}", f"{r['final_train_loss']:.4f}",
-        f"{r['tokens_per_sec']:,.0f}", f"{r['train_s']:.0f} s"] for n, r in train.items()])
-  histories = {n: r["history"] for n, r in train.items()}
-  report_lib.plot_curves(histories, os.path.join(output, "loss_vs_step.png"),
-                         title="Training loss vs step")
-  report_lib.plot_curves(histories, os.path.join(output, "loss_vs_time.png"), x="time_s",
-                         xlabel="training time (s)", title="Training loss vs training time")
-  return lines + ["", "![loss vs step](loss_vs_step.png) ![loss vs time](loss_vs_time.png)", ""]
 
 
 def main(argv=None) -> int:
@@ -222,7 +193,7 @@ def main(argv=None) -> int:
   parser.add_argument("--tiny", action="store_true", help="every part at toy sizes (CPU, CI)")
   parser.add_argument("--corpus", help="the byte corpus .npy (--make_corpus); default: made "
                       "now from the standard library (needs the data dependencies)")
-  parser.add_argument("--parts", default="abcd", help="which parts to run (see above)")
+  parser.add_argument("--parts", default="abcdef", help="which parts to run (see above)")
   parser.add_argument("--make_corpus", metavar="PATH", help="only write the corpus .npy")
   parser.add_argument("--output", default=None, help="report folder (default "
                       "experiments/results/<device>)")
@@ -245,7 +216,8 @@ def main(argv=None) -> int:
 
   def save(results):
     results["command"] = command
-    report_lib.write_report(output, report(results, output, command), results)
+    report_lib.write_report(output, accelerator_report.report(results, output, command),
+                            results)
 
   results = run_check(settings, corpus_N, args.parts, save)
   failed = [r["check"] + " " + r["dtype"] for r in results.get("equalities", [])

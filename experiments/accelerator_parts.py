@@ -1,12 +1,17 @@
-"""The four measurements of `accelerator_check.py`, each a function of a small settings dict
-(b's round-robin timing is `benchmark.measure`, shared with the benchmark command).
+"""The measurements of `accelerator_check.py`, each a function of a small settings dict
+(b's round-robin timing is `benchmark.measure`, e's profile `benchmark_breakdown.breakdown`,
+both shared with the benchmark command).
 
 Each returns plain JSON-able results; nothing here writes files or parses flags. Shapes are
 the caller's: the full check uses the paper's (18 layers, D=768, H=12, T=128, V=50,257),
 `--tiny` shrinks every one so that the whole check runs on a CPU in about a minute.
 """
 import concurrent.futures
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Sequence
 
@@ -16,6 +21,7 @@ import numpy as np
 
 import configs
 from simplified_flax import benchmark
+from simplified_flax import benchmark_breakdown
 from simplified_flax.model import attention
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training import step as train_step
@@ -216,3 +222,59 @@ def train_comparison(named: Mapping[str, Any], train_N: np.ndarray, eval_N: np.n
                      "final_train_loss": float(np.mean([r["loss"] for r in train_rows[-5:]]))}
     del state, step_fn
   return results
+
+
+# ----------------------------------------------------------------------- e. step breakdown
+
+def breakdowns(runners: Mapping[str, Any], names: Sequence[str], steps: int) -> Dict[str, Any]:
+  """benchmark_breakdown.breakdown of each named runner's compiled step (already warm), with
+  its median step time (b's rounds, else `steps` steps timed here)."""
+  results = {}
+  for name in names:
+    runner = runners[name]
+    step_s = statistics.median(runner.times) if runner.times else runner.run(steps)
+    results[name] = dict(benchmark_breakdown.breakdown(runner.step, runner.run, steps),
+                         step_time_s=step_s, batch_size=runner.config.batch_size)
+    print(benchmark_breakdown.table(name, results[name], step_s), flush=True)
+  return results
+
+
+# --------------------------------------------------------------------------- f. XLA flags
+
+def xla_flag_runs(spec: str, overrides: Mapping[str, Any], flag_sets: Sequence[str], *,
+                  rounds: int, steps: int, matmul_size: int, timeout_s: int) -> List[Dict]:
+  """One `python -m simplified_flax.benchmark` process per entry of `flag_sets` (XLA reads its
+  flags once, when the backend starts), the first being the reference (usually ""): tokens/s,
+  the matmul peak and the compile time of each, and their ratios to the first (the matmul
+  peak's ratio shows how much the machine itself drifted between the processes), and the
+  share of each part of the step in its --breakdown (CUDA graphs may hide kernels from the
+  trace: a run with them off shows every kernel)."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=repo, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+  rows = []
+  for flag_set in flag_sets:
+    command = [sys.executable, "-m", "simplified_flax.benchmark", f"--configs={spec}",
+               f"--rounds={rounds}", f"--steps={steps}", f"--matmul_size={matmul_size}",
+               f"--xla_flags={flag_set}", "--breakdown"] + [
+                   f"--config.{k}={v}" for k, v in overrides.items()]
+    row = {"xla_flags": flag_set}
+    try:
+      done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True,
+                            timeout=timeout_s, check=False)
+      if done.returncode != 0:
+        row["error"] = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
+      else:
+        result = json.loads(done.stdout.strip().splitlines()[-1])[spec]
+        row.update({k: result[k] for k in ("tokens_per_sec", "step_time_s", "compile_s",
+                                           "matmul_peak_flops_per_s", "batch_size")})
+        row["shares"] = {part: p["share"] for part, p in result["breakdown"]["parts"].items()}
+    except subprocess.TimeoutExpired:
+      row["error"] = f"took longer than {timeout_s} s"
+    reference = rows[0] if rows else row
+    if "error" not in row and "error" not in reference:
+      row["tokens_ratio"] = row["tokens_per_sec"] / reference["tokens_per_sec"]
+      row["peak_ratio"] = row["matmul_peak_flops_per_s"] / reference["matmul_peak_flops_per_s"]
+    rows.append(row)
+    print(f"XLA flags {flag_set or '(none)'}: " + (row.get("error") or
+          f"{row['tokens_per_sec']:,.0f} tokens/s (x{row.get('tokens_ratio', 1):.3f})"), flush=True)
+  return rows

@@ -1,23 +1,21 @@
-"""Training throughput of several configs, measured round-robin in one process (issue 5).
+"""Training throughput of several configs, measured round-robin in one process.
 
     python -m simplified_flax.benchmark --configs=preln,sas,sas_p \
         --config.model.attention_impl=fused
     python -m simplified_flax.benchmark --configs=preln --config.model.n_embd=256 \
-        --config.model.n_head=8 --batch_size=16
+        --config.model.n_head=8 --batch_size=16 --breakdown
 
 Configs are variant files of `configs/` (`name` or `name:arg`); every `--config.*` override
-applies to each of them, after BENCH_SHAPE (the paper's width, 6 layers, batch 8 and the byte
-vocabulary, so that a run fits a CPU in a few minutes; `--config.model.vocab_size=50257` for
-GPT-2's).
+applies to each of them, after BENCH_SHAPE (the paper's width, 6 layers, batch 8, the byte
+vocabulary: a few minutes on a CPU; `--config.model.vocab_size=50257` for GPT-2's).
 
-What is timed: `train_step.train_step` (forward, backward, global-norm clipping, AdamW) jitted
-with the state donated, on one fixed batch of random tokens, compiled ahead of time (compile
-seconds are reported apart) and run once before timing. Each round runs `--steps` steps of
-every config in turn and blocks on the result, then times one [n, n] `jnp.dot` in the compute
-dtype (`config.dtype`): the matmul peak this machine reaches right now. Machine drift
-therefore hits every config and the peak alike; figures are medians over rounds, and the
-timing ratios in the table (`speedup_paired`) are medians over rounds of the ratio within
-each round, which a busy, shared machine disturbs far less than the ratio of two medians.
+What is timed: `train_step.train_step` (forward, backward, clipping, AdamW) jitted with the
+state donated, on one fixed batch of random tokens, compiled ahead of time (compile seconds
+are reported apart) and run once before timing. Each round runs `--steps` steps of every
+config in turn, then times one [n, n] `jnp.dot` in the compute dtype: the matmul peak this
+machine reaches right now. Machine drift hits every config and the peak alike; figures are
+medians over rounds, and the table's ratios (`speedup_paired`) are medians of the ratios
+within each round, which a busy, shared machine disturbs far less than a ratio of medians.
 
   * flops_per_token  6 N + 12 L T D: N the matmul weights (every `kernel`, plus the V x D tied
     head), 12 L T D the attention scores and weighted values, forward and backward, counting
@@ -29,7 +27,9 @@ each round, which a busy, shared machine disturbs far less than the ratio of two
     aliases), per config; plus the process's peak (device `peak_bytes_in_use` where the
     backend reports it, else the process's peak RSS), which is shared by all configs.
 
-The table goes to the console; the last line of stdout is one JSON object keyed by config.
+`--breakdown` then profiles each config's step and prints its parts (embedding, attention
+core, block matmuls, norms, head + loss, optimizer) with their time, FLOPs and bytes
+(benchmark_breakdown.py). The last line of stdout is one JSON object keyed by config.
 """
 import json
 import os
@@ -44,6 +44,7 @@ from absl import flags
 from ml_collections import config_flags
 
 import configs
+from simplified_flax import benchmark_breakdown
 from simplified_flax import cli
 from simplified_flax.model import parameters
 from simplified_flax.training import step as train_step
@@ -60,8 +61,6 @@ NOMINAL_PEAKS = {
     "H200": (989e12, 494e12), "L4": (121e12, 60e12),
 }
 
-
-# ----------------------------------------------------------------------------------- setup
 
 def load_config(spec: str, overrides: Dict[str, Any]):
   """configs/<name>.py (`name` or `name:arg`) with the benchmark shape, then `overrides`."""
@@ -99,7 +98,7 @@ def memory_bytes(compiled) -> int:
 
 
 def process_peak_memory() -> Dict[str, Any]:
-  stats = jax.devices()[0].memory_stats() or {}
+  stats = jax.devices()[0].memory_stats() or {}   # device stats where the backend has them
   if "peak_bytes_in_use" in stats:
     return {"bytes": int(stats["peak_bytes_in_use"]), "source": "device peak_bytes_in_use"}
   return {"bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -186,8 +185,6 @@ def measure(runners: List[Runner], rounds: int, steps: int,
   return summarise(runners, peaks, nominal_peak(dtype_name))
 
 
-# ------------------------------------------------------------------------------- reporting
-
 def summarise(runners: List[Runner], peaks: List[float], nominal) -> Dict[str, Dict[str, Any]]:
   process = process_peak_memory()
   peak = statistics.median(peaks)
@@ -251,8 +248,6 @@ def table(results: Dict[str, Dict[str, Any]]) -> str:
   return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
 
 
-# ------------------------------------------------------------------------------------ main
-
 def define_flags():
   """The command's flags; defined only when run as a command, so that importing this module
   (tests) never clashes with another module's `--config`."""
@@ -262,6 +257,8 @@ def define_flags():
       "batch_size": flags.DEFINE_integer("batch_size", None, "= --config.batch_size (8)."),
       "steps": flags.DEFINE_integer("steps", 1, "Timed steps of each config per round."),
       "rounds": flags.DEFINE_integer("rounds", 10, "Rounds over all configs."),
+      "breakdown": flags.DEFINE_bool("breakdown", False, "Also profile each config's step "
+                                     "and print the time, FLOPs and bytes of its parts."),
       "matmul_size": flags.DEFINE_integer("matmul_size", 0, "n of the peak [n,n]@[n,n] dot; "
                                           "0: 2048 on CPU, 8192 on accelerators."),
       "xla_flags": flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS before JAX "
@@ -289,7 +286,9 @@ def main(argv, flag):
         f"{steps} steps; matmul peak {first['matmul_peak_flops_per_s'] / 1e9:.0f} "
         f"GFLOP/s (median); process peak memory {first['process_peak_memory_bytes'] / 2**20:.0f}"
         f" MiB ({first['process_peak_memory_source']})")
-  print(table(results))
+  print(table(results) + "\n")
+  if flag["breakdown"].value:
+    benchmark_breakdown.add_breakdowns(runners, results)
   print(json.dumps(results))
 
 

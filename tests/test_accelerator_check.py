@@ -27,9 +27,15 @@ def test_tiny_check_runs_every_part_on_the_shipped_corpus_format(tmp_path):
   done = _run("--tiny", f"--corpus={corpus}", f"--output={out}")
   assert done.returncode == 0, done.stderr[-3000:]
   results = json.loads((out / "results.json").read_text())
-  assert {"equalities", "throughput", "long_context", "training"} <= set(results)
+  assert {"equalities", "throughput", "long_context", "training", "breakdown",
+          "xla_flags"} <= set(results)
   assert all(row["ok"] for row in results["equalities"])
-  assert {"preln", "sas", "sas_p", "sas_p_nonorm", "sas_p/fused"} <= set(results["throughput"])
+  assert {"preln", "sas", "sas_p", "sas_p_nonorm", "sas_p/fused", "preln/full_logits_loss",
+          "preln/vocab_pad_128"} <= set(results["throughput"])
+  assert set(results["breakdown"]) == {"preln", "sas_p"}
+  assert all(r["parts"]["block matmuls"]["flops"] > 0 for r in results["breakdown"].values())
+  assert [r["xla_flags"] for r in results["xla_flags"]] == ["", "--xla_cpu_enable_fast_math=false"]
+  assert all(r["tokens_per_sec"] > 0 and r["tokens_ratio"] > 0 for r in results["xla_flags"])
   assert [(r["seq_len"], r["attention_impl"]) for r in results["long_context"]] == [
       (64, "explicit"), (64, "fused"), (128, "explicit"), (128, "fused")]
   for name in ("preln", "sas", "sas_p"):
@@ -37,7 +43,7 @@ def test_tiny_check_runs_every_part_on_the_shipped_corpus_format(tmp_path):
     assert [r["step"] for r in history if "eval_loss" in r] == [10, 20]
     assert np.isfinite(results["training"][name]["final_eval_loss"])
   report = (out / "report.md").read_text()
-  for section in ("## a.", "## b.", "## c.", "## d."):
+  for section in ("## a.", "## b.", "## c.", "## d.", "## e.", "## f."):
     assert section in report
   for png in ("throughput.png", "loss_vs_step.png", "loss_vs_time.png"):
     assert (out / png).stat().st_size > 0

@@ -52,9 +52,11 @@ def test_command_prints_a_json_line_with_every_config():
   overrides = [f"--config.model.{k}={v}" for k, v in TINY_MODEL.items()]
   out = subprocess.run(
       [sys.executable, "-m", "simplified_flax.benchmark", "--configs=preln,sas_p",
-       "--batch_size=2", "--steps=1", "--rounds=1", "--matmul_size=64", *overrides],
-      capture_output=True, text=True, check=True, cwd=str(REPO)).stdout
+       "--batch_size=2", "--steps=1", "--rounds=1", "--matmul_size=64", "--breakdown",
+       *overrides], capture_output=True, text=True, check=True, cwd=str(REPO)).stdout
+  assert out.count("breakdown of ") == 2   # --breakdown: one table per config
   results = json.loads(out.strip().splitlines()[-1])
+  assert all(r["breakdown"]["parts"]["block matmuls"]["flops"] > 0 for r in results.values())
   assert list(results) == ["preln", "sas_p"]
   for r in results.values():
     for key in ("params_trainable", "step_time_s", "tokens_per_sec", "mfu"):

@@ -65,6 +65,8 @@ def validate_model_config(m, prefix: str = "model", require_vocab: bool = True) 
   require(m.norm_eps > 0, f"{f('norm_eps')}={m.norm_eps} must be positive.")
   require(0 <= m.dropout_rate < 1, f"{f('dropout_rate')}={m.dropout_rate} must be in [0, 1).")
 
+  _validate_head(m, f)
+
   if m.parallel_layers:
     require(m.attn_block_skip_gain == 0,
             f"{f('attn_block_skip_gain')}={m.attn_block_skip_gain} has no effect with "
@@ -84,3 +86,16 @@ def validate_model_config(m, prefix: str = "model", require_vocab: bool = True) 
     require(m.dot_norm_type == "none",
             f"{f('dot_norm_type')}='tanh' soft-caps logits, which "
             f"jax.nn.dot_product_attention cannot: use {f('attention_impl')}='explicit'.")
+
+
+def _validate_head(m, f) -> None:
+  """The tied head's loss chunking and vocabulary padding (absent in configs saved before
+  they existed: the defaults)."""
+  chunk = m.get("loss_vocab_chunk_size", 0)
+  require(isinstance(chunk, int) and chunk >= 0,
+          f"{f('loss_vocab_chunk_size')}={chunk!r} must be a whole number of vocabulary "
+          f"entries per loss chunk (e.g. 8192), or 0 to score the full logits.")
+  multiple = m.get("vocab_pad_multiple", 1)
+  require(isinstance(multiple, int) and multiple > 0,
+          f"{f('vocab_pad_multiple')}={multiple!r} must be a positive integer (1: no padding; "
+          f"128 pads the head's matmul to a multiple of 128).")

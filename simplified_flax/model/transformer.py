@@ -34,6 +34,11 @@ from simplified_flax.model import valproj
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+def multiple_of(n: int, multiple: int) -> int:
+  """`n` rounded up to a multiple of `multiple`."""
+  return -(-n // multiple) * multiple
+
+
 def segment_positions(segment_ids_BT) -> jax.Array:
   """Position of each token inside its own (contiguous) segment, [B, T]."""
   return jnp.arange(segment_ids_BT.shape[1]) - masks.segment_run_starts(segment_ids_BT)
@@ -86,9 +91,14 @@ class Transformer(nn.Module):
     x_BTD = nn.LayerNorm(epsilon=m.norm_eps, dtype=self.dtype, name="ln_f")(x_BTD)
     if return_hidden:
       return x_BTD
-    # Tied head; float32 logits for a stable softmax cross-entropy.
-    return jnp.einsum("btd,vd->btv", x_BTD, wte.embedding.astype(self.dtype),
-                      preferred_element_type=jnp.float32)
+    # Tied head; float32 logits for a stable softmax cross-entropy. With vocab_pad_multiple
+    # the matmul runs on a zero-padded table and the padded columns are cut off again, so no
+    # caller (loss, sampling, metrics) ever sees them.
+    table_VD = wte.embedding.astype(self.dtype)
+    padded = multiple_of(m.vocab_size, m.get("vocab_pad_multiple", 1))
+    table_VD = jnp.pad(table_VD, ((0, padded - m.vocab_size), (0, 0)))
+    logits_BTV = jnp.einsum("btd,vd->btv", x_BTD, table_VD, preferred_element_type=jnp.float32)
+    return logits_BTV[..., :m.vocab_size]
 
   def _advance_cache(self, B, T, *, lengths, segment_ids, key_mask, train):
     """(cache index [B] where this chunk starts, lengths [B]); moves the index past the chunk."""

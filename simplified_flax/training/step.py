@@ -10,6 +10,11 @@
 A decoder batch is {"inputs": int32[B, T]} (+ optional "segment_ids"); an encoder batch adds
 "targets", "weights" (+ optional "key_mask"). Both steps are pure and jittable; under
 `jax.pmap` pass `axis_name` and they average gradients and losses with `lax.pmean`.
+
+The loss: with `model.loss_vocab_chunk_size` > 0 (the default) both steps read the model's
+final hidden states (`return_hidden=True`) and score them against the tied embedding
+`params["wte"]["embedding"]` chunk by chunk (chunked_loss.py), never holding the [B, T, V]
+logits; 0 scores the model's full float32 logits as before.
 """
 import dataclasses
 from typing import Any, Callable
@@ -19,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from simplified_flax.training import chunked_loss
 from simplified_flax.training import diagnostics
 from simplified_flax.training import losses
 from simplified_flax.training import mlm_metrics
@@ -35,6 +41,7 @@ class StepSpec:
   """What the step computes, beyond the model and optimiser (hashable, static under jit)."""
   kind: str                    # "decoder" or "encoder"
   grad_accum_steps: int = 1
+  head: chunked_loss.HeadSpec | None = None   # None: the loss reads the model's logits
 
 
 @struct.dataclass
@@ -76,7 +83,8 @@ def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
   model = model if model is not None else build_model(config.model, dtype=config.dtype)
   tx = optim.make_optimizer(config)
   schedule = optim.make_schedule(config.optimizer, config.num_train_steps)
-  spec = StepSpec(kind=config.model.kind, grad_accum_steps=config.grad_accum_steps)
+  spec = StepSpec(kind=config.model.kind, grad_accum_steps=config.grad_accum_steps,
+                  head=chunked_loss.HeadSpec.from_config(config.model, config.dtype))
   tokens_BT = jnp.zeros((1, config.model.context_length), jnp.int32)
 
   def init(rng):
@@ -101,11 +109,32 @@ def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
   return jax.jit(init, out_shardings=parallel.state_shardings(abstract, mesh))(rng)
 
 
-def _logits(state: TrainState, params, batch: dict, *, train: bool, key) -> jax.Array:
+def _apply(state: TrainState, params, batch: dict, *, train: bool, key,
+           return_hidden: bool = False) -> jax.Array:
+  """The model's float32 logits [B, T, V], or its final hidden states [B, T, D]."""
   variables = {"params": params, **state.constants}
+  extra = {"return_hidden": True} if return_hidden else {}
   return state.apply_fn(variables, batch["inputs"], segment_ids=batch.get("segment_ids"),
                         key_mask=batch.get("key_mask"), train=train,
-                        rngs={"dropout": key} if train else None)
+                        rngs={"dropout": key} if train else None, **extra)
+
+
+def _loss_sums(state: TrainState, params, batch: dict, *, train: bool, key,
+               with_correct: bool = False) -> dict[str, jax.Array]:
+  """{"loss_sum", "weight_sum"} (+ "correct_sum" with `with_correct`) of `batch`: chunked
+  from the hidden states when `state.spec.head` is set, else from the full logits."""
+  head = state.spec.head
+  if head is None:
+    logits_BTV = _apply(state, params, batch, train=train, key=key)
+    with jax.named_scope("loss"):   # names the loss's ops in profiles (benchmark_breakdown)
+      sums = losses.loss_sums(logits_BTV, batch, state.spec.kind)
+      if with_correct:
+        sums = {**sums, **mlm_metrics.correct_sums(logits_BTV, batch)}
+    return sums
+  hidden_BTD = _apply(state, params, batch, train=train, key=key, return_hidden=True)
+  with jax.named_scope("loss"):
+    return losses.hidden_loss_sums(hidden_BTD, params["wte"]["embedding"], batch,
+                                   state.spec.kind, head, with_correct=with_correct)
 
 
 def train_step(state: TrainState, batch: dict,
@@ -123,9 +152,8 @@ def train_step(state: TrainState, batch: dict,
 
   def sum_grad_fn(params, micro_batch, index):
     def loss_fn(p):
-      logits_BTV = _logits(state, p, micro_batch, train=True,
-                           key=jax.random.fold_in(step_key, index))
-      sums = losses.loss_sums(logits_BTV, micro_batch, state.spec.kind)
+      sums = _loss_sums(state, p, micro_batch, train=True,
+                        key=jax.random.fold_in(step_key, index))
       return sums["loss_sum"], sums
     (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return grads, sums
@@ -135,13 +163,14 @@ def train_step(state: TrainState, batch: dict,
   if axis_name is not None:
     # Means of sums over devices: their ratios are the global token means.
     grads, sums = jax.lax.pmean((grads, sums), axis_name)
-  tokens = jnp.where(sums["weight_sum"] > 0, sums["weight_sum"], 1.0)
-  grads = jax.tree.map(lambda g: g / tokens, grads)
-  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-  new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                            opt_state=opt_state)
-  metrics = {"loss": sums["loss_sum"] / tokens, "grad_norm": optax.tree.norm(grads),
-             "learning_rate": jnp.asarray(state.schedule(state.step), jnp.float32)}
+  with jax.named_scope("optimizer"):   # names the update's ops in profiles
+    tokens = jnp.where(sums["weight_sum"] > 0, sums["weight_sum"], 1.0)
+    grads = jax.tree.map(lambda g: g / tokens, grads)
+    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+    new_state = state.replace(step=state.step + 1, opt_state=opt_state,
+                              params=optax.apply_updates(state.params, updates))
+    metrics = {"loss": sums["loss_sum"] / tokens, "grad_norm": optax.tree.norm(grads),
+               "learning_rate": jnp.asarray(state.schedule(state.step), jnp.float32)}
   return new_state, metrics
 
 
@@ -149,10 +178,8 @@ def eval_step(state: TrainState, batch: dict,
               axis_name: str | None = None) -> dict[str, jax.Array]:
   """Summed loss and scored-token count of `batch` (over all devices under pmap); for the
   encoder also the count of masked tokens predicted exactly ("correct_sum")."""
-  logits_BTV = _logits(state, state.params, batch, train=False, key=None)
-  sums = losses.loss_sums(logits_BTV, batch, state.spec.kind)
-  if state.spec.kind == "encoder":
-    sums = {**sums, **mlm_metrics.correct_sums(logits_BTV, batch)}
+  sums = _loss_sums(state, state.params, batch, train=False, key=None,
+                    with_correct=state.spec.kind == "encoder")
   if axis_name is not None:
     sums = jax.lax.psum(sums, axis_name)
   return sums

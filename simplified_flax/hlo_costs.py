@@ -1,0 +1,197 @@
+"""FLOPs and bytes of each kernel of a compiled XLA program, read from its optimized HLO text.
+
+    program = parse(compiled.as_text())
+    for name, op in program.kernels.items():   # every instruction that runs as a kernel
+      op.flops, op.bytes, op.runs, op.op_name, op.is_matmul
+
+Counting rules (XLA's own cost-analysis conventions, applied per instruction):
+  * flops: 2 * (result elements) * (contracted elements) per matmul (`dot`, `convolution`,
+    GEMM custom calls, and dots inside fusions); one per result element of any other
+    arithmetic instruction (a reduce: one per input element); data movement and library
+    calls other than GEMMs (e.g. cuDNN attention) count none.
+  * bytes: the kernel's operands plus its result, i.e. what it reads and writes in memory
+    (a fusion's intermediates stay in registers and are not counted).
+  * runs: executions per call of the program: 1 in the entry computation, times the known
+    trip count of each enclosing `while` loop (XLA's `known_trip_count`; 1 when unknown).
+"""
+import dataclasses
+import math
+import re
+from typing import Dict, List, Optional
+
+DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+               "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+               "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+# Instructions that never run as a kernel of their own, or only organise others.
+NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
+               "conditional", "call", "after-all", "partition-id", "replica-id"}
+NO_FLOPS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "broadcast",
+            "reshape", "transpose", "copy", "slice", "dynamic-slice", "dynamic-update-slice",
+            "concatenate", "pad", "iota", "gather", "scatter", "reverse", "convert",
+            "bitcast-convert", "copy-start", "copy-done", "all-gather", "all-reduce",
+            "collective-permute", "all-to-all", "reduce-scatter", "custom-call", "fusion",
+            "while", "call", "conditional", "sort", "rng-bit-generator", "optimization-barrier"}
+GEMM_TARGETS = ("gemm", "matmul", "cublas")
+_SHAPE = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([^\s=]+)\s*=\s*(.*)$")
+
+
+@dataclasses.dataclass
+class Instruction:
+  name: str
+  opcode: str
+  shape: str                      # the result's shape text, e.g. "bf16[8,128,768]{2,1,0}"
+  operands: List[str]
+  attrs: str
+  computation: str
+  op_name: str = ""               # jax's name-scope path (metadata op_name)
+  flops: float = 0.0
+  bytes: float = 0.0
+  runs: int = 1
+  is_matmul: bool = False
+
+
+@dataclasses.dataclass
+class Program:
+  module: str                                  # the HloModule's name
+  instructions: Dict[str, Instruction]         # every instruction, by its unique name
+  kernels: Dict[str, Instruction]              # those that run as kernels, costs filled in
+  calls: Dict[str, List[str]]                  # computations each instruction calls
+
+  def computations_under(self, name: str) -> set:
+    """Every computation a loop, call or fusion `name` runs, however deeply nested."""
+    found, stack = set(), list(self.calls.get(name, ()))
+    while stack:
+      computation = stack.pop()
+      if computation not in found:
+        found.add(computation)
+        stack += [c for i in self.instructions.values() if i.computation == computation
+                  for c in self.calls.get(i.name, ())]
+    return found
+
+
+def shape_bytes(shape: str) -> float:
+  return sum(DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+             for dtype, dims in _SHAPE.findall(shape))
+
+
+def shape_elements(shape: str) -> int:
+  return sum(math.prod(int(d) for d in dims.split(",") if d) for _, dims in _SHAPE.findall(shape))
+
+
+def _dims(shape: str) -> List[int]:
+  found = _SHAPE.search(shape)
+  return [int(d) for d in found.group(2).split(",") if d] if found else []
+
+
+def _balanced(text: str, start: int) -> int:
+  """Index just past the parenthesis group opening at text[start]."""
+  depth = 0
+  for i in range(start, len(text)):
+    depth += {"(": 1, ")": -1}.get(text[i], 0)
+    if depth == 0:
+      return i + 1
+  return len(text)
+
+
+def _parse_instruction(line: str, computation: str) -> Optional[Instruction]:
+  found = _INSTRUCTION.match(line)
+  if not found:
+    return None
+  name, rest = found.groups()
+  end = _balanced(rest, 0) if rest.startswith("(") else rest.find(" ")
+  shape, rest = rest[:end], rest[end:].lstrip()
+  opcode = re.match(r"[\w\-]+", rest)
+  if not opcode:
+    return None
+  close = _balanced(rest, opcode.end())
+  operands = re.findall(r"%([^\s,()]+)", rest[opcode.end():close])
+  attrs = rest[close:]
+  op_name = re.search(r'op_name="([^"]*)"', attrs)
+  return Instruction(name, opcode.group(0), shape, operands, attrs, computation,
+                     op_name.group(1) if op_name else "")
+
+
+def _contracted(inst: Instruction, shapes: Dict[str, str]) -> int:
+  """Product of the lhs's contracted dimensions of a dot or GEMM custom call."""
+  found = (re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", inst.attrs) or
+           re.search(r'"lhs_contracting_dimensions":\[([0-9",]*)\]', inst.attrs))
+  lhs = _dims(shapes.get(inst.operands[0], "")) if inst.operands else []
+  if not found or not lhs:
+    return 0
+  return math.prod(lhs[int(d)] for d in found.group(1).replace('"', "").split(",") if d)
+
+
+def _is_gemm(inst: Instruction) -> bool:
+  target = re.search(r'custom_call_target="([^"]*)"', inst.attrs)
+  return inst.opcode == "custom-call" and bool(target) and any(
+      key in target.group(1).lower() for key in GEMM_TARGETS)
+
+
+def _flops(inst: Instruction, shapes, computations, called) -> float:
+  if inst.opcode in ("dot", "convolution") or _is_gemm(inst):
+    return 2.0 * shape_elements(inst.shape) * _contracted(inst, shapes)
+  if inst.opcode == "fusion":
+    return sum(_flops(i, shapes, computations, called) for c in called.get(inst.name, ())
+               for i in computations.get(c, ()))
+  if inst.opcode == "reduce":
+    return float(shape_elements(shapes.get(inst.operands[0], ""))) if inst.operands else 0.0
+  return 0.0 if inst.opcode in NO_FLOPS else float(shape_elements(inst.shape))
+
+
+def _has_matmul(inst: Instruction, computations, called) -> bool:
+  if inst.opcode in ("dot", "convolution") or _is_gemm(inst):
+    return True
+  return inst.opcode == "fusion" and any(
+      _has_matmul(i, computations, called) for c in called.get(inst.name, ())
+      for i in computations.get(c, ()))
+
+
+def parse(hlo_text: str) -> Program:
+  """The kernels of an optimized HLO module with their FLOPs, bytes and runs per call."""
+  module = re.search(r"HloModule\s+([^\s,]+)", hlo_text)
+  computations: Dict[str, List[Instruction]] = {}
+  entry, current = "", ""
+  for line in hlo_text.splitlines():
+    header = re.match(r"^(ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$", line)
+    if header and not line.startswith(" "):
+      current = header.group(2)
+      entry = current if header.group(1) else entry
+      computations[current] = []
+      continue
+    inst = _parse_instruction(line, current) if current else None
+    if inst:
+      computations[current].append(inst)
+  instructions = {i.name: i for insts in computations.values() for i in insts}
+  shapes = {name: i.shape for name, i in instructions.items()}
+  called = {i.name: re.findall(r"(?:calls|body|condition|to_apply|branch_computations)="
+                               r"\{?%([^\s,}]+)", i.attrs) for i in instructions.values()}
+  runs = _runs_per_computation(entry, computations, called)
+  kernels = {}
+  for name, inst in instructions.items():
+    if inst.computation not in runs or inst.opcode in NOT_KERNELS:
+      continue   # fused computations' members run inside their fusion's kernel
+    inst.runs = runs[inst.computation]
+    inst.flops = _flops(inst, shapes, computations, called)
+    inst.bytes = shape_bytes(inst.shape) + sum(shape_bytes(shapes.get(o, ""))
+                                               for o in inst.operands)
+    inst.is_matmul = _has_matmul(inst, computations, called)
+    kernels[name] = inst
+  return Program(module.group(1) if module else "", instructions, kernels, called)
+
+
+def _runs_per_computation(entry, computations, called) -> Dict[str, int]:
+  """Runs per program call of each computation that schedules kernels (entry, loop bodies and
+  conditions, called and branch computations); fused computations are left out."""
+  runs, stack = {entry: 1}, [entry]
+  while stack:
+    parent = stack.pop()
+    for inst in computations.get(parent, ()):
+      if inst.opcode not in ("while", "call", "conditional"):
+        continue
+      trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', inst.attrs)
+      trips = int(trips.group(1)) if inst.opcode == "while" and trips else 1
+      for child in called.get(inst.name, ()):
+        runs[child] = runs[parent] * trips
+        stack.append(child)
+  return runs

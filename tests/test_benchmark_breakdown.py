@@ -1,0 +1,88 @@
+"""The step breakdown: HLO costs, the parts' names, and a profiled tiny step on the CPU (the
+`--breakdown` flag of the command: test_benchmark.py)."""
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from conftest import TINY_MODEL
+from simplified_flax import benchmark
+from simplified_flax import benchmark_breakdown
+from simplified_flax import hlo_costs
+
+
+def test_hlo_costs_count_matmuls_and_loop_trips():
+  def f(x_MK, w_KN):
+    def body(carry, _):
+      return jnp.tanh(carry @ w_KN), None
+    return jax.lax.scan(body, x_MK, None, length=5)[0]
+
+  x_MK, w_KN = jnp.ones((16, 32)), jnp.ones((32, 32))
+  program = hlo_costs.parse(jax.jit(f).lower(x_MK, w_KN).compile().as_text())
+  matmuls = [k for k in program.kernels.values() if k.is_matmul]
+  assert sum(k.flops * k.runs for k in matmuls) == 5 * 2 * 16 * 32 * 32
+  assert all(k.runs == 5 and k.bytes >= 4 * (16 * 32 + 32 * 32 + 16 * 32) for k in matmuls)
+  assert program.module.startswith("jit_f")
+
+
+@pytest.mark.parametrize("op_name,is_matmul,part", [
+    ("jit(train_step)/jvp(Transformer)/wte/jit(_take)/gather", False, "embedding"),
+    ("jit(train_step)/jvp(Transformer)/h_3/attn/bqhd,bkhd->bhqk/dot_general", True,
+     "attention core"),
+    ("jit(train_step)/transpose(jvp(Transformer))/h_0/attn/reduce_sum", False, "attention core"),
+    ("jit(train_step)/transpose(jvp(Transformer))/h_0/attn/c_attn/jvp(Transformer)/h_0/attn/"
+     "c_attn/dot_general", True, "block matmuls"),
+    ("jit(train_step)/jvp(Transformer)/h_1/mlp/c_fc/dot_general", True, "block matmuls"),
+    ("jit(train_step)/jvp(Transformer)/h_1/attn/q_norm/mul", False, "norms + other elementwise"),
+    ("jit(train_step)/jvp(Transformer)/ln_f/rsqrt", False, "norms + other elementwise"),
+    ("jit(train_step)/transpose(jvp(loss))/while/body/closed_call/nd,wd->nw/dot_general", True,
+     "head + loss"),
+    ("jit(train_step)/optimizer/sqrt", False, "optimizer"),
+    ("", False, "other"),
+])
+def test_parts_follow_the_name_scopes(op_name, is_matmul, part):
+  assert benchmark_breakdown.part_of(op_name, is_matmul) == part
+
+
+def test_breakdown_of_a_profiled_tiny_step():
+  D, L, V, B, T = 32, 2, 500, 2, 16
+  config = benchmark.load_config("preln", {
+      **{f"model.{k}": v for k, v in TINY_MODEL.items()}, "model.vocab_size": V,
+      "model.loss_vocab_chunk_size": 128, "batch_size": B})
+  runner = benchmark.Runner("preln", config)
+  result = benchmark_breakdown.breakdown(runner.step, runner.run, steps=2)
+  parts = result["parts"]
+  assert list(parts) == list(benchmark_breakdown.PARTS) and result["timed"]
+  tokens = B * T
+  # Pre-LN's linear layers: query/key 2D^2, value D^2, output D^2, MLP 8D^2; x3 fwd + bwd.
+  assert parts["block matmuls"]["flops"] == 6 * tokens * L * 12 * D * D
+  # The tied head: forward, the backward's recomputation and two gradient matmuls.
+  head_matmuls = 8 * tokens * config.model.n_embd * 4 * 128
+  assert head_matmuls <= parts["head + loss"]["flops"] < 1.2 * head_matmuls
+  for part in ("attention core", "block matmuls", "head + loss", "optimizer"):
+    assert parts[part]["time_s"] > 0 and parts[part]["bytes"] > 0, part
+  assert result["op_time_s"] == pytest.approx(sum(p["time_s"] for p in parts.values()))
+  text = benchmark_breakdown.table("preln", result, step_time_s=0.01)
+  assert "head + loss" in text and "all kernels" in text
+
+
+def test_a_loop_counts_once_whether_or_not_its_kernels_show():
+  """A loop's event is dropped when its body's kernels have events of their own, and counted
+  (as unattributed) when they do not, e.g. kernels replayed from a CUDA graph."""
+  def f(x_MK, w_KN):
+    return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w_KN), None), x_MK, None, length=3)[0]
+
+  program = hlo_costs.parse(jax.jit(f).lower(jnp.ones((8, 16)), jnp.ones((16, 16))).compile()
+                            .as_text())
+  loop = next(n for n, i in program.instructions.items() if i.opcode == "while")
+  body_kernel = next(n for n, k in program.kernels.items() if k.runs == 3)
+  event = lambda name, ns: SimpleNamespace(name=name, duration_ns=ns, stats=[
+      ("hlo_op", name), ("hlo_module", program.module)])
+  plane = lambda *events: SimpleNamespace(lines=[SimpleNamespace(name="stream", events=events)])
+  seconds = benchmark_breakdown._plane_kernel_seconds(  # pylint: disable=protected-access
+      plane(event(loop, 900), event(body_kernel, 300)), program)
+  assert seconds == {body_kernel: pytest.approx(3e-7)}
+  seconds = benchmark_breakdown._plane_kernel_seconds(  # pylint: disable=protected-access
+      plane(event(loop, 900)), program)
+  assert seconds == {benchmark_breakdown.UNATTRIBUTED: pytest.approx(9e-7)}
