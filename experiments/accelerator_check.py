@@ -15,10 +15,11 @@ Parts, each written to `<output>/results.json`, `report.md` and PNGs:
   b. throughput at the paper's shape (18 layers, D=768, H=12, T=128, V=50,257, bfloat16, the
      largest batch up to 128 that fits) of Pre-LN, SAS, SAS-P and SAS-P without norms, with
      tokens/s, MFU against the measured and the nominal peak, memory, and each ratio to Pre-LN
-     (paper, Table 1: 1.09, 1.16, 1.20); plus SAS-P on the fused path, and Pre-LN and SAS-P with
-     the CPU gradient rules switched the other way from this backend's default; and, paired
-     with Pre-LN, Pre-LN scoring the full float32 logits (model.loss_vocab_chunk_size=0, the
-     loss before chunking) and Pre-LN with its head padded to a multiple of 128.
+     (paper, Table 1: 1.09, 1.16, 1.20), all on the default attention path
+     (model.attention_impl="auto"); plus, paired with them, Pre-LN and SAS-P on the explicit
+     path (the T x T form, the default before "auto"), Pre-LN scoring the full float32 logits
+     (model.loss_vocab_chunk_size=0, the loss before chunking) and Pre-LN with its head
+     padded to a multiple of 128.
   c. long context: explicit vs fused SAS-P (2 layers, D=768, batch 1) at T=4,096 and 16,384:
      XLA's step memory and step time, or "out of memory".
   d. training: Pre-LN, SAS and SAS-P at 18 layers x 768 for 2,000 steps of 128 x 128 byte
@@ -26,9 +27,12 @@ Parts, each written to `<output>/results.json`, `report.md` and PNGs:
   e. breakdown (with b, on its compiled steps): where Pre-LN's and SAS-P's step time goes
      (embedding, attention core, block matmuls, norms, head + loss, optimizer), with the
      FLOPs and bytes of each part (simplified_flax/benchmark_breakdown.py).
+  g. compile to first step of SAS-P at 18 and 72 layers of b's shape, unrolled and with
+     model.scan_layers (experiments/compile_depth.py); the scanned 72/18 ratio should be <= 2.
   f. XLA flags: Pre-LN at b's shape in one benchmark process per flag set (XLA reads its flags
      at start-up), the first without extra flags: tokens/s ratios to it, and the matmul peak's
      ratio as the check on machine drift. Run last, so a time limit costs only this part.
+Parts run in the order a, b + e, c, d, g, f.
 Expected on one H200: about 7 minutes in all; every equality within tolerance.
 """
 import argparse
@@ -43,6 +47,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import accelerator_parts as parts  # pylint: disable=g-import-not-at-top
+import compile_depth  # pylint: disable=g-import-not-at-top
 import configs  # pylint: disable=g-import-not-at-top
 from simplified_flax import benchmark  # pylint: disable=g-import-not-at-top
 import accelerator_report  # pylint: disable=g-import-not-at-top
@@ -70,6 +75,7 @@ FULL = {
                       "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
                       "WHILE,CONDITIONAL --xla_gpu_graph_min_graph_size=1"),
     "flag_rounds": 3, "flag_steps": 5, "flag_timeout_s": 180,
+    "depth": dict(PAPER_SHAPE, **{"model.vocab_size": 50257}), "depths": (18, 72),
 }
 _TINY_MODEL = {"model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2,
                "model.context_length": 32, "model.vocab_size": BYTE_VOCAB}
@@ -82,6 +88,7 @@ TINY = {   # float32: XLA:CPU compiles it faster than bfloat16, and CPU time is 
     "log_every": 5, "eval_every": 10, "eval_batches": 2, "corpus_tokens": 1 << 18,
     "breakdown_steps": 2, "xla_flag_sets": ("", "--xla_cpu_enable_fast_math=false"),
     "flag_rounds": 1, "flag_steps": 1, "flag_timeout_s": 300,
+    "depth": _TINY_MODEL, "depths": (3, 6),
 }
 BENCH_VARIANTS = ("preln", "sas", "sas_p", "sas_p_nonorm")
 TRAIN_VARIANTS = ("preln", "sas", "sas_p")
@@ -117,31 +124,30 @@ def split_corpus(tokens_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return tokens_N[:cut], tokens_N[cut:]
 
 
-def grad_rules_variants(overrides: dict) -> dict:
-  """Pre-LN and SAS-P with the CPU gradient rules the other way from this backend's default
-  (on where the default is off), when the config has the switch."""
-  if "grad_rules" not in configs.load("preln").model:
-    return {}
-  other = "off" if jax.default_backend() == "cpu" else "on"
-  return {f"{v}+grad_rules={other}": configs.load(v, dict(overrides, **{"model.grad_rules": other}))
-          for v in ("preln", "sas_p")}
-
-
 def throughput_configs(overrides: dict) -> dict:
-  """Part b's configs by name: the variants, then the paired alternatives."""
+  """Part b's configs by name: the variants on the default path, then paired alternatives."""
   named = {v: configs.load(v, overrides) for v in BENCH_VARIANTS}
-  named["sas_p/fused"] = configs.load("sas_p", dict(overrides, **{
-      "model.attention_impl": "fused"}))
-  named.update(grad_rules_variants(overrides))
-  named["preln/full_logits_loss"] = configs.load("preln", dict(overrides, **{
-      "model.loss_vocab_chunk_size": 0}))
-  named["preln/vocab_pad_128"] = configs.load("preln", dict(overrides, **{
-      "model.vocab_pad_multiple": 128}))
+  alternatives = {"preln/explicit": ("preln", {"model.attention_impl": "explicit"}),
+                  "sas_p/explicit": ("sas_p", {"model.attention_impl": "explicit"}),
+                  "preln/full_logits_loss": ("preln", {"model.loss_vocab_chunk_size": 0}),
+                  "preln/vocab_pad_128": ("preln", {"model.vocab_pad_multiple": 128})}
+  for name, (variant, change) in alternatives.items():
+    named[name] = configs.load(variant, dict(overrides, **change))
   return named
 
 
+def depth_rows(overrides: dict, depths) -> list:
+  """Part g: SAS-P's seconds to the first step at each depth, unrolled and scanned."""
+  rows = []
+  for scan in (False, True):
+    seconds = compile_depth.compile_seconds("sas_p", dict(overrides, **{
+        "model.scan_layers": scan}), depths)
+    rows.append({"variant": "sas_p", "scan_layers": scan, "seconds": seconds})
+  return rows
+
+
 def run_check(settings: dict, corpus_N: np.ndarray, parts_wanted: str, save) -> dict:
-  """Runs the wanted parts ("abcdef" or a subset; e runs with b) in order; `save(results)`
+  """Runs the wanted parts ("abcdefg" or a subset; e runs with b; f last); `save(results)`
   after each, so a run stopped by a time limit keeps what it finished."""
   results = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
              "device_count": jax.device_count(), "jax": jax.__version__,
@@ -178,6 +184,8 @@ def run_check(settings: dict, corpus_N: np.ndarray, parts_wanted: str, save) -> 
         {v: configs.load(v, settings["train"]) for v in TRAIN_VARIANTS}, train_N, eval_N,
         log_every=settings["log_every"], eval_every=settings["eval_every"],
         eval_batches=settings["eval_batches"]))
+  if "g" in parts_wanted:
+    done("compile_depth", depth_rows(settings["depth"], settings["depths"]))
   if "f" in parts_wanted:
     batch_size = results.get("throughput", {}).get("preln", {}).get(
         "batch_size", settings["bench_batches"][0])
@@ -193,7 +201,7 @@ def main(argv=None) -> int:
   parser.add_argument("--tiny", action="store_true", help="every part at toy sizes (CPU, CI)")
   parser.add_argument("--corpus", help="the byte corpus .npy (--make_corpus); default: made "
                       "now from the standard library (needs the data dependencies)")
-  parser.add_argument("--parts", default="abcdef", help="which parts to run (see above)")
+  parser.add_argument("--parts", default="abcdefg", help="which parts to run (see above)")
   parser.add_argument("--make_corpus", metavar="PATH", help="only write the corpus .npy")
   parser.add_argument("--output", default=None, help="report folder (default "
                       "experiments/results/<device>)")

@@ -119,7 +119,19 @@ def _shares_table(rows: list) -> list:
       align="l" + "r" * len(parts)) + [""]
 
 
+def _compile_depth(rows: list, output: str) -> list:
+  del output
+  shallow, deep = min(rows[0]["seconds"]), max(rows[0]["seconds"])
+  lines = ["## g. Compile to first step against depth (SAS-P, b's shape)", ""]
+  return lines + report_lib.markdown_table(
+      ["scan_layers", f"L={shallow}", f"L={deep}", f"L={deep} / L={shallow}"],
+      [[str(r["scan_layers"]), f"{r['seconds'][shallow]:.1f} s", f"{r['seconds'][deep]:.1f} s",
+        f"{r['seconds'][deep] / r['seconds'][shallow]:.2f}x"] for r in rows],
+      align="lrrr") + [""]
+
+
 # (results key, section): the report's order; a new part adds its own.
 SECTIONS = (("equalities", _equalities), ("throughput", _throughput),
             ("breakdown", _breakdown), ("long_context", _long_context),
-            ("training", _training), ("xla_flags", _xla_flags))
+            ("training", _training), ("compile_depth", _compile_depth),
+            ("xla_flags", _xla_flags))

@@ -28,9 +28,10 @@ def test_tiny_check_runs_every_part_on_the_shipped_corpus_format(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   results = json.loads((out / "results.json").read_text())
   assert {"equalities", "throughput", "long_context", "training", "breakdown",
-          "xla_flags"} <= set(results)
+          "xla_flags", "compile_depth"} <= set(results)
   assert all(row["ok"] for row in results["equalities"])
-  assert {"preln", "sas", "sas_p", "sas_p_nonorm", "sas_p/fused", "preln/full_logits_loss",
+  assert {"preln", "sas", "sas_p", "sas_p_nonorm", "preln/explicit", "sas_p/explicit",
+          "preln/full_logits_loss",
           "preln/vocab_pad_128"} <= set(results["throughput"])
   assert set(results["breakdown"]) == {"preln", "sas_p"}
   assert all(r["parts"]["block matmuls"]["flops"] > 0 for r in results["breakdown"].values())
@@ -42,8 +43,10 @@ def test_tiny_check_runs_every_part_on_the_shipped_corpus_format(tmp_path):
     history = results["training"][name]["history"]
     assert [r["step"] for r in history if "eval_loss" in r] == [10, 20]
     assert np.isfinite(results["training"][name]["final_eval_loss"])
+  assert [(r["scan_layers"], sorted(r["seconds"])) for r in results["compile_depth"]] == [
+      (False, ["3", "6"]), (True, ["3", "6"])]
   report = (out / "report.md").read_text()
-  for section in ("## a.", "## b.", "## c.", "## d.", "## e.", "## f."):
+  for section in ("## a.", "## b.", "## c.", "## d.", "## e.", "## f.", "## g."):
     assert section in report
   for png in ("throughput.png", "loss_vs_step.png", "loss_vs_time.png"):
     assert (out / png).stat().st_size > 0
