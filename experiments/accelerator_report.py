@@ -121,12 +121,13 @@ def _shares_table(rows: list) -> list:
 
 def _compile_depth(rows: list, output: str) -> list:
   del output
-  shallow, deep = min(rows[0]["seconds"]), max(rows[0]["seconds"])
+  shallow, deep = min(rows[-1]["seconds"]), max(rows[-1]["seconds"])
   lines = ["## g. Compile to first step against depth (SAS-P, b's shape)", ""]
   return lines + report_lib.markdown_table(
       ["scan_layers", f"L={shallow}", f"L={deep}", f"L={deep} / L={shallow}"],
-      [[str(r["scan_layers"]), f"{r['seconds'][shallow]:.1f} s", f"{r['seconds'][deep]:.1f} s",
-        f"{r['seconds'][deep] / r['seconds'][shallow]:.2f}x"] for r in rows],
+      [[str(r["scan_layers"]), f"{r['seconds'][shallow]:.1f} s"] + (
+          [f"{r['seconds'][deep]:.1f} s", f"{r['seconds'][deep] / r['seconds'][shallow]:.2f}x"]
+          if deep in r["seconds"] else ["-", "-"]) for r in rows],
       align="lrrr") + [""]
 
 
