@@ -8,7 +8,7 @@ Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator h
 Expected: close to Pre-LN per step, throughput 1.16x Pre-LN (paper Table 1).
 Trainable parameters at the paper's shape with a 50K vocabulary: 146,002,094.
 """
-from configs import sas
+from . import sas
 
 
 def get_config(arg: str = ""):

@@ -37,8 +37,9 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file("config", None, "The pretraining configs/bert_*.py file "
-                                  "(default: <pretrained_workdir>/config.json).")
+  from simplified_flax import config_files  # pylint: disable=g-import-not-at-top
+  config_files.define_config_flag("config", "The pretraining config (bert_sas_p, a bert_* name "
+                                  "or a file path; default: <pretrained_workdir>/config.json).")
   config_flags.DEFINE_config_dict("finetune", finetune_defaults(), "The fine-tuning recipe.")
   flags.DEFINE_string("pretrained_workdir", None, "The --workdir of an MLM pretraining run.",
                       required=True)

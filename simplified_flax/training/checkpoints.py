@@ -88,10 +88,12 @@ def open_read_only(workdir: str) -> ocp.CheckpointManager:
   if not directory.exists():
     raise WorkdirError(f"{directory} does not exist: is {workdir!r} the --workdir of a "
                             "training run?")
-  options = ocp.CheckpointManagerOptions(read_only=True, create=False,
-                                         cleanup_tmp_directories=False)
+  # The values a read-only manager needs, given explicitly: Orbax warns about each default
+  # it has to change (save_interval_steps=1, max_to_keep) on every evaluate or sample.
+  options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0,
+                                         max_to_keep=None, cleanup_tmp_directories=False)
   verbosity = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)   # Orbax warns that a read-only manager is read-only
+  logging.set_verbosity(logging.ERROR)   # and it warns that a read-only manager is read-only
   try:
     return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
   finally:
