@@ -58,6 +58,7 @@ class Restored:
   state: Any
   data_state: Any
   meta: dict
+  config: dict | None = None   # the config the checkpoint was saved with
 
 
 # ---------------------------------------------------------------------------------- manager
@@ -232,7 +233,7 @@ def _try_restore(manager, step, target_state, new_config, param_shapes):
   if got != head["meta"]["fingerprint"]:
     return (f"its state fingerprint {got} does not match the saved "
             f"{head['meta']['fingerprint']}"), None
-  return None, Restored(step, body["state"], body["data"], head["meta"])
+  return None, Restored(step, body["state"], body["data"], head["meta"], head["config"])
 
 
 def _set_aside(manager: ocp.CheckpointManager, step: int, workdir: str, why: str) -> None:
