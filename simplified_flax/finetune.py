@@ -1,6 +1,6 @@
 """GLUE fine-tuning of a pretrained encoder: the paper's recipe, one task per run.
 
-    python -m simplified_flax.finetune --config=configs/bert_sas_p.py \\
+    python -m simplified_flax.finetune --config=bert_sas_p \\
         --pretrained_workdir=DIR --task=sst2 [--workdir=OUT] [--finetune.epochs=5 ...]
 
 `--config` is the pretraining config (omit it to use `DIR/config.json`); it must give the

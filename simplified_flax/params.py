@@ -1,7 +1,7 @@
 """Parameter counts of a config without allocating the parameters (`jax.eval_shape`).
 
-    python -m simplified_flax.params --config=configs/sas_p.py --config.model.vocab_size=50000
-    python -m simplified_flax.params --config=configs/sas_p.py:cpu --breakdown
+    python -m simplified_flax.params --config=sas_p --config.model.vocab_size=50000
+    python -m simplified_flax.params --config=sas_p:cpu --breakdown
 
 prints JSON: `total` (every array, fixed anchors included), `trainable` (the `params`
 collection), `non_embedding` (trainable minus token and position embeddings) and, with

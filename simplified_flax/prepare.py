@@ -1,6 +1,6 @@
 """Tokenize a config's corpus once into prepared shards, with worker processes.
 
-    python -m simplified_flax.prepare --config=configs/preln.py [--config.data.name=lm1b ...] \\
+    python -m simplified_flax.prepare --config=preln [--config.data.name=lm1b ...] \\
         [--workers=16] [--workdir=DIR]
 
 Prepares the train and eval splits of `config.data` under `data.cache_dir` (default

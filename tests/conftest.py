@@ -59,3 +59,13 @@ def pytest_collection_modifyitems(config, items):
     missing = {n for n in names - found if n.split("::")[0] in files}
     if missing:
       raise pytest.UsageError(f"FLOOR_SUBSET names tests that do not exist: {sorted(missing)}")
+
+
+def pytest_ignore_collect(collection_path, config):
+  """`-m floor` collects only the subset's files: the floor venv has no TensorFlow or
+  notebook tooling, which other test files import at the top."""
+  if config.getoption("markexpr", "") != "floor" or collection_path.suffix != ".py":
+    return None
+  if not collection_path.name.startswith("test_"):
+    return None
+  return collection_path.name not in {name.split("::")[0] for name in FLOOR_SUBSET} or None
