@@ -2,9 +2,10 @@
 
     python -m simplified_flax.evaluate --workdir=DIR [--eval_steps=N] [--step=S]
 
-restores the latest good checkpoint of DIR (or checkpoint S) with the config saved there (`config.json`) and
-prints one JSON line {"step", "eval_loss", "eval_perplexity", "eval_tokens"} for the first N
-(default: the config's `eval_steps`) batches of the validation split.
+restores the latest good checkpoint of DIR (or the kept step S) with the config saved there
+(`config.json`) and prints one JSON line {"step", "eval_loss", "eval_perplexity",
+"eval_tokens"} for the first N (default: the config's `eval_steps`) batches of the validation
+split.
 """
 import json
 

@@ -12,7 +12,8 @@ from test_train_loop import TINY, make_config, train_rows, write_corpus
 
 
 def test_tensorboard_groups_the_loops_tags_and_shows_the_config_as_text(tmp_path):
-  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from tensorboard.backend.event_processing import event_accumulator
   writer = metrics_io.TensorBoardWriter(str(tmp_path))
   writer.write_config(0, {"seed": 3, "model": {"n_layer": 2, "kind": "decoder"}})
   writer.write_scalars(5, {"loss": 2.5, "learning_rate": 1e-3, "eval_loss": 2.0,
@@ -82,4 +83,5 @@ def test_resuming_with_more_steps_prints_the_learning_rate_it_trains_at(tmp_path
   saved = json.load(open(f"{workdir}/config.json"))
   logged = train_rows(workdir)[5]["learning_rate"]     # the first update after the resume
   assert f"step 5 trains at lr {logged:.3e}" in line
-  assert f"(the saved schedule: {resume_changes.learning_rate(dict(saved, num_train_steps=4), 4):.3e})" in line
+  before = resume_changes.learning_rate(dict(saved, num_train_steps=4), 4)
+  assert f"(the saved schedule: {before:.3e})" in line
