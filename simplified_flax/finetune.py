@@ -12,7 +12,7 @@ pretraining ones. After every epoch each validation split is scored with the tas
 Writes to OUT (default `DIR/glue/<task>`): `metrics.jsonl` (loss rows every
 `log_every_steps`, one row per epoch with `<split>/<metric>` and `score`), and `result.json`
 with the last epoch's metrics and score (the number that enters the GLUE average; see
-glue.py). A NaN or infinite loss stops the run with the training loop's NonFiniteLossError.
+glue/tasks.py). A NaN or infinite loss stops the run with the training loop's NonFiniteLossError.
 """
 import json
 
