@@ -72,10 +72,10 @@ class JsonlWriter:
       self._file.close()
 
 
-# TensorBoard groups charts by the tag's first path segment: the loop's scalars go under
-# train/ and eval/ (metrics.jsonl keeps the flat names); other tags (the diagnostics'
-# `kurtosis/layer_0`, fine-tuning's `validation/accuracy`) are grouped already.
+# TensorBoard groups charts by the tag's first segment: the loop's scalars go under train/ and
+# eval/ (metrics.jsonl keeps the flat names); other tags (`kurtosis/layer_0`) are grouped.
 TRAIN_SCALARS = ("loss", "learning_rate", "grad_norm", "tokens_per_s", "elapsed_s")
+CONFIG_TAG = "config"   # the run's config, a text summary at the step it starts from
 
 
 def tensorboard_tag(name: str) -> str:
@@ -114,8 +114,7 @@ class TensorBoardWriter:
                                       summary=self._summary_pb2.Summary(value=values)))
 
   def write_config(self, step: int, config_dict: Mapping[str, Any]) -> None:
-    """The config as the text summary `config` (TensorBoard's Text tab): one
-    `field = value` line per dotted field, as a markdown code block."""
+    """The config as TensorBoard text (a markdown code block of `field = value` lines)."""
     # pylint: disable=import-outside-toplevel
     from tensorboard.compat.proto import tensor_pb2, types_pb2
     lines = [f"{k} = {v!r}" for k, v in sorted(_flat(config_dict).items())]
@@ -123,7 +122,7 @@ class TensorBoardWriter:
     metadata = self._summary_pb2.SummaryMetadata(
         plugin_data=self._summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
     value = self._summary_pb2.Summary.Value(
-        tag="config", metadata=metadata,
+        tag=CONFIG_TAG, metadata=metadata,
         tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[text]))
     self._write(self._event_pb2.Event(wall_time=time.time(), step=int(step),
                                       summary=self._summary_pb2.Summary(value=[value])))
@@ -146,9 +145,8 @@ class MultiWriter:
       w.write_scalars(step, scalars)
 
   def write_config(self, step: int, config_dict: Mapping[str, Any]) -> None:
-    for w in self._writers:
-      if hasattr(w, "write_config"):
-        w.write_config(step, config_dict)
+    for w in (w for w in self._writers if hasattr(w, "write_config")):
+      w.write_config(step, config_dict)
 
   def flush(self) -> None:
     for w in self._writers:
@@ -179,9 +177,8 @@ def read_history(path: str) -> list[dict]:
 
 
 def truncate_history(workdir: str, last_step: int) -> None:
-  """Drops what a killed or rewound run logged after `last_step`: the rows of metrics.jsonl and
-  the summaries of the TensorBoard event files, each file replaced whole; a torn last row or
-  event record is dropped too. Needs no TensorFlow."""
+  """Drops what a killed or rewound run logged after `last_step` (rows of metrics.jsonl, the
+  TensorBoard summaries; each file replaced whole, torn tails dropped). No TensorFlow."""
   path = epath.Path(workdir) / METRICS_FILE
   if path.exists():
     text = "".join(json.dumps(r) + "\n" for r in read_history(path)
@@ -228,7 +225,10 @@ def read_records(data: bytes) -> tuple[list[bytes], bool]:
 
 
 def _summary_after(event, last_step: int) -> bool:
-  return event.HasField("summary") and event.step > last_step
+  """A summary after `last_step`, or the config at it (the resuming run writes it again)."""
+  if not event.HasField("summary") or event.step < last_step:
+    return False
+  return event.step > last_step or any(v.tag == CONFIG_TAG for v in event.summary.value)
 
 
 def make_writer(workdir: str, tensorboard: bool = True) -> MultiWriter:
