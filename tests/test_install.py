@@ -70,3 +70,15 @@ def test_the_entry_points_import_no_sentencepiece_and_no_importlib_resources():
   done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                         timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+def test_the_entry_points_help_names_only_files_that_exist():
+  """`python -m simplified_flax.<cli> --help` prints the module docstring: every source file
+  it points to must be there."""
+  package = REPO / "simplified_flax"
+  files = {p.name for p in REPO.rglob("*.py")} | {
+      str(p.relative_to(package)) for p in package.rglob("*.py")}
+  for cli in ("train", "evaluate", "sample", "finetune", "prepare", "params", "benchmark"):
+    text = (REPO / "simplified_flax" / f"{cli}.py").read_text().split('"""')[1]
+    for name in re.findall(r"[\w/]+\.py\b", text):
+      assert name in files, f"simplified_flax/{cli}.py's help names {name}, which does not exist"
