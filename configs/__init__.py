@@ -1,22 +1,21 @@
 """One config file per variant (`configs/<name>.py`, `get_config(arg)`), and `load` to build
-one by name with dotted overrides, as scripts, tests and notebooks need."""
-import importlib
+one by name with dotted overrides, as scripts, tests and notebooks need.
+
+Installed, this folder is the package `simplified_flax.configs`; in a checkout both
+`import configs` and `from simplified_flax import configs` reach it. Config files import each
+other relatively (`from . import base`), so they work under either name."""
 from typing import Any, Mapping, Optional
 
 import ml_collections
 
 
 def load(spec: str, overrides: Optional[Mapping[str, Any]] = None) -> ml_collections.ConfigDict:
-  """`"sas_p"` or `"sas_p:cpu"` -> `configs/sas_p.py`'s `get_config("cpu")`, then `overrides`
-  (`{"model.n_layer": 4}`) applied in place. A dotted key that names no existing field raises
-  KeyError naming it, so a typo never adds a field that nothing reads."""
-  name, _, arg = spec.partition(":")
-  try:
-    module = importlib.import_module(f"configs.{name}")
-  except ModuleNotFoundError as err:
-    raise ValueError(f"No config file configs/{name}.py; pass the name of a file in configs/ "
-                     "(e.g. 'preln' or 'sas_p:cpu').") from err
-  config = module.get_config(arg)
+  """`"sas_p"`, `"sas_p:cpu"` or `"path/to/file.py:cpu"` -> that file's `get_config("cpu")`,
+  then `overrides` (`{"model.n_layer": 4}`) applied in place. An unknown name or switch raises
+  ValueError naming the known ones; a dotted key that names no existing field raises KeyError
+  naming it, so a typo never adds a field that nothing reads."""
+  from simplified_flax import config_files  # pylint: disable=import-outside-toplevel
+  config = config_files.load(spec)
   overrides = dict(overrides or {})
   for dotted in overrides:
     node = config

@@ -142,11 +142,14 @@ def with_switch(arg: str, switch: str) -> str:
   return ",".join(s for s in (arg, switch) if s)
 
 
+SWITCHES = ("cpu", "encoder")   # what may follow the file name, comma-separated
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   switches = {s for s in arg.split(",") if s}
-  unknown = switches - {"cpu", "encoder"}
+  unknown = switches - set(SWITCHES)
   if unknown:
-    raise ValueError(f"Unknown config switch(es) {sorted(unknown)}; known: cpu, encoder.")
+    raise ValueError(f"Unknown config switch(es) {sorted(unknown)}; known: {', '.join(SWITCHES)}.")
 
   c = ml_collections.ConfigDict()
   c.seed = 0

@@ -13,7 +13,7 @@ Fine-tune on a GLUE task (README, "Fine-tuning on a GLUE task"):
 
 Expected: MLM loss falls steadily; GLUE average 78.5, throughput 1.05x bert_preln (paper Table 1).
 """
-from configs import base, parallel
+from . import base, parallel
 
 
 def get_config(arg: str = ""):

@@ -10,7 +10,7 @@ Paper shape on an accelerator host:
 
 Expected: MLM loss falls steadily; GLUE average 78.9 (paper Table 1, crammed BERT, 24 h on one GPU).
 """
-from configs import base, preln
+from . import base, preln
 
 
 def get_config(arg: str = ""):

@@ -10,7 +10,7 @@ Paper shape on an accelerator host:
 
 Expected: MLM loss falls steadily; GLUE average 78.4, throughput 1.09x bert_preln (paper Table 1).
 """
-from configs import base, sas
+from . import base, sas
 
 
 def get_config(arg: str = ""):

@@ -10,7 +10,7 @@ Paper shape on an accelerator host:
 
 Expected: MLM loss falls steadily; GLUE average 78.3, throughput 1.16x bert_preln (paper Table 1).
 """
-from configs import base, sas_p
+from . import base, sas_p
 
 
 def get_config(arg: str = ""):

@@ -14,7 +14,7 @@ Expected: MLM loss falls, throughput 1.20x bert_preln; fine-tuning can diverge (
 reports NaNs), which `simplified_flax.finetune` stops with the training loop's non-finite-loss
 error, naming the step.
 """
-from configs import base, sas_p
+from . import base, sas_p
 
 
 def get_config(arg: str = ""):

@@ -14,7 +14,7 @@ Fine-tune on a GLUE task (README, "Fine-tuning on a GLUE task"):
 
 Expected: MLM loss falls steadily; GLUE average 78.0, throughput 0.95x bert_preln (paper Table 1).
 """
-from configs import base, value_skipinit
+from . import base, value_skipinit
 
 
 def get_config(arg: str = ""):

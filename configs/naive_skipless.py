@@ -9,7 +9,7 @@ Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator h
 Expected: trains markedly worse than Pre-LN (the paper's motivating failure).
 Trainable parameters at the paper's shape with a 50K vocabulary: 166,645,248.
 """
-from configs import base
+from . import base
 
 
 def get_config(arg: str = ""):

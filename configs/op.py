@@ -9,7 +9,7 @@ Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator h
 Expected: loss close to Pre-LN with far lower activation kurtosis (outlier features).
 Trainable parameters at the paper's shape with a 50K vocabulary: 166,621,440.
 """
-from configs import base
+from . import base
 
 
 def get_config(arg: str = ""):

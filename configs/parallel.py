@@ -8,7 +8,7 @@ Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator h
 Expected: throughput 1.05x Pre-LN (paper Table 1); loss close to Pre-LN.
 Trainable parameters at the paper's shape with a 50K vocabulary: 166,645,248.
 """
-from configs import base
+from . import base
 
 
 def get_config(arg: str = ""):

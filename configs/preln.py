@@ -9,7 +9,7 @@ Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator h
 Expected: eval loss ~1.155 after 40K steps at the paper's shape (CodeParrot).
 Trainable parameters at the paper's shape with a 50K vocabulary: 166,645,248.
 """
-from configs import base
+from . import base
 
 
 def get_config(arg: str = ""):

@@ -10,7 +10,7 @@ Expected: matches Pre-LN per step (paper Fig. 2), ~15% fewer parameters, through
 Trainable parameters at the paper's shape with a 50K vocabulary: 146,002,112 (the authors' code
 counts 146,002,130: README, "Parameter counts", explains the 18).
 """
-from configs import base
+from . import base
 
 
 def get_config(arg: str = ""):

@@ -9,7 +9,7 @@ Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator h
 Expected: eval loss ~1.245 after 40K steps at the paper's shape; throughput 1.20x Pre-LN.
 Trainable parameters at the paper's shape with a 50K vocabulary: 145,975,982.
 """
-from configs import sas_p
+from . import sas_p
 
 
 def get_config(arg: str = ""):

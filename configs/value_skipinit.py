@@ -10,7 +10,7 @@ Expected: throughput 0.95x Pre-LN (paper Table 1); slightly behind SAS per step.
 Trainable parameters at the paper's shape with a 50K vocabulary: 166,645,950 (the authors' code
 counts 18 more: README, "Parameter counts").
 """
-from configs import sas
+from . import sas
 
 
 def get_config(arg: str = ""):

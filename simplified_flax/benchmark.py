@@ -43,9 +43,9 @@ import jax.numpy as jnp
 from absl import flags
 from ml_collections import config_flags
 
-import configs
 from simplified_flax import benchmark_breakdown
 from simplified_flax import cli
+from simplified_flax import configs
 from simplified_flax.model import parameters
 from simplified_flax.training import step as train_step
 

@@ -1,10 +1,11 @@
 """Evaluation: the eval loss of a state, and the CLI that evaluates a workdir's latest checkpoint.
 
-    python -m simplified_flax.evaluate --workdir=DIR [--eval_steps=N]
+    python -m simplified_flax.evaluate --workdir=DIR [--eval_steps=N] [--step=S]
 
-restores the latest good checkpoint of DIR with the config saved there (`config.json`) and
-prints one JSON line {"step", "eval_loss", "eval_perplexity", "eval_tokens"} for the first N
-(default: the config's `eval_steps`) batches of the validation split.
+restores the latest good checkpoint of DIR (or the kept step S) with the config saved there
+(`config.json`) and prints one JSON line {"step", "eval_loss", "eval_perplexity",
+"eval_tokens"} for the first N (default: the config's `eval_steps`) batches of the validation
+split.
 """
 import json
 
@@ -22,7 +23,7 @@ def main(argv) -> None:
   f = cli.start(argv)
   distributed.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
                                      auto=f.distributed)
-  result = evaluate(f.workdir, f.eval_steps)
+  result = evaluate(f.workdir, f.eval_steps, step=f.step)
   if jax.process_index() == 0:
     print(json.dumps(result), flush=True)
 
@@ -30,5 +31,6 @@ def main(argv) -> None:
 if __name__ == "__main__":
   flags.DEFINE_string("workdir", None, "The --workdir of a training run.", required=True)
   flags.DEFINE_integer("eval_steps", None, "Eval batches (default: the saved config's).")
+  flags.DEFINE_integer("step", None, "Evaluate this checkpoint step (default: the latest).")
   distributed.define_distributed_flags()
   cli.run(main, "simplified_flax.evaluate")

@@ -1,6 +1,6 @@
 """GLUE fine-tuning of a pretrained encoder: the paper's recipe, one task per run.
 
-    python -m simplified_flax.finetune --config=configs/bert_sas_p.py \\
+    python -m simplified_flax.finetune --config=bert_sas_p \\
         --pretrained_workdir=DIR --task=sst2 [--workdir=OUT] [--finetune.epochs=5 ...]
 
 `--config` is the pretraining config (omit it to use `DIR/config.json`); it must give the
@@ -12,7 +12,7 @@ pretraining ones. After every epoch each validation split is scored with the tas
 Writes to OUT (default `DIR/glue/<task>`): `metrics.jsonl` (loss rows every
 `log_every_steps`, one row per epoch with `<split>/<metric>` and `score`), and `result.json`
 with the last epoch's metrics and score (the number that enters the GLUE average; see
-glue.py). A NaN or infinite loss stops the run with the training loop's NonFiniteLossError.
+glue/tasks.py). A NaN or infinite loss stops the run with the training loop's NonFiniteLossError.
 """
 import json
 
@@ -37,8 +37,9 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file("config", None, "The pretraining configs/bert_*.py file "
-                                  "(default: <pretrained_workdir>/config.json).")
+  from simplified_flax import config_files  # pylint: disable=g-import-not-at-top
+  config_files.define_config_flag("config", "The pretraining config (bert_sas_p, a bert_* name "
+                                  "or a file path; default: <pretrained_workdir>/config.json).")
   config_flags.DEFINE_config_dict("finetune", finetune_defaults(), "The fine-tuning recipe.")
   flags.DEFINE_string("pretrained_workdir", None, "The --workdir of an MLM pretraining run.",
                       required=True)

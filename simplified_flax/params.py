@@ -1,7 +1,7 @@
 """Parameter counts of a config without allocating the parameters (`jax.eval_shape`).
 
-    python -m simplified_flax.params --config=configs/sas_p.py --config.model.vocab_size=50000
-    python -m simplified_flax.params --config=configs/sas_p.py:cpu --breakdown
+    python -m simplified_flax.params --config=sas_p --config.model.vocab_size=50000
+    python -m simplified_flax.params --config=sas_p:cpu --breakdown
 
 prints JSON: `total` (every array, fixed anchors included), `trainable` (the `params`
 collection), `non_embedding` (trainable minus token and position embeddings) and, with
@@ -10,9 +10,8 @@ collection), `non_embedding` (trainable minus token and position embeddings) and
 import json
 
 from absl import flags
-from ml_collections import config_flags
-
 from simplified_flax import cli
+from simplified_flax import config_files
 
 from simplified_flax.model.parameters import count_parameters, variable_shapes
 
@@ -28,7 +27,7 @@ def resolve_vocab_size(config) -> None:
                                if config.data.tokenizer == "byte" else config.data.spm_vocab_size)
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
+_CONFIG = config_files.define_config_flag("config", config_files.FLAG_HELP)
 _BREAKDOWN = flags.DEFINE_bool("breakdown", False, "Also print counts per top-level module.")
 
 

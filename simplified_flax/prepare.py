@@ -1,6 +1,6 @@
 """Tokenize a config's corpus once into prepared shards, with worker processes.
 
-    python -m simplified_flax.prepare --config=configs/preln.py [--config.data.name=lm1b ...] \\
+    python -m simplified_flax.prepare --config=preln [--config.data.name=lm1b ...] \\
         [--workers=16] [--workdir=DIR]
 
 Prepares the train and eval splits of `config.data` under `data.cache_dir` (default
@@ -11,7 +11,6 @@ README, "Data"). A SentencePiece tokenizer is trained first when needed and save
 """
 import os
 
-from absl import app
 from absl import flags
 
 from simplified_flax import cli
@@ -44,10 +43,9 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file("config", None, "A configs/<variant>.py[:switches] file.",
-                                  lock_config=True)
+  from simplified_flax import config_files  # pylint: disable=g-import-not-at-top
+  config_files.define_config_flag("config", config_files.FLAG_HELP)
   flags.DEFINE_integer("workers", 0, "Tokenizing processes (0: one per CPU core).")
   flags.DEFINE_string("workdir", None, "Where a trained SentencePiece model is kept.")
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  cli.run(main, "simplified_flax.prepare")

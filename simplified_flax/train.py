@@ -1,6 +1,6 @@
 """Training: the library API and the loop behind the command line.
 
-    python -m simplified_flax.train --config=configs/sas_p.py:cpu --workdir=DIR \\
+    python -m simplified_flax.train --config=sas_p:cpu --workdir=DIR \\
         [--config.key=value ...] [--coordinator_address=host:port --num_processes=N --process_id=i]
 
 A workdir that holds checkpoints resumes from the latest good one. The resolved config goes to
@@ -9,8 +9,9 @@ A workdir that holds checkpoints resumes from the latest good one. The resolved 
 before the first step it exits 0 at once. One run per workdir (a lock); user errors print one
 line and exit 2 (usage) or 1 (README, "Errors and exit statuses");
 `--config.restore_step=N` rewinds to a kept step (README, "Resuming").
+`--config` takes a config name (`sas_p:cpu`, from any folder) or the path of a .py file.
 
-Library use (a notebook needs only the three pure functions; see train_step.py):
+Library use (a notebook needs only the three pure functions, from training/step.py):
 
     from simplified_flax.train import create_train_state, train_step, eval_step
     state = create_train_state(config, jax.random.PRNGKey(0))
@@ -45,9 +46,8 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file("config", None, "A configs/<variant>.py[:switches] file.",
-                                  lock_config=True)
+  from simplified_flax import config_files  # pylint: disable=g-import-not-at-top
+  config_files.define_config_flag("config", config_files.FLAG_HELP)
   flags.DEFINE_string("workdir", None, "Checkpoints, metrics and config go here.",
                       required=True)
   flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard event files.")

@@ -71,7 +71,7 @@ def test_diverge_then_rewind_with_a_lower_learning_rate_and_train_to_the_end(tmp
   assert [r["step"] for r in metrics_io.read_history(str(aside / metrics_io.METRICS_FILE))
           if "loss" in r] == list(range(5, kept[-1] + 1))
   counts = _tensorboard_steps(workdir)
-  assert {s for (tag, s) in counts if tag == "loss"} == set(range(1, steps + 1))
+  assert {s for (tag, s) in counts if tag == "train/loss"} == set(range(1, steps + 1))
   assert max(counts.values()) == 1, [k for k, n in counts.items() if n > 1]
 
   train(restore_step=4)          # the same command again: the rewind is not repeated

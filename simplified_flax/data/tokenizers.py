@@ -21,7 +21,6 @@ from typing import Callable, Iterable, Iterator, Protocol, Sequence
 from absl import logging
 import numpy as np
 from etils import epath  # the workdir may be a gs:// bucket on TPU hosts
-import sentencepiece as spm
 
 from simplified_flax.data.errors import DataError
 from simplified_flax.storage import write_atomically
@@ -81,6 +80,8 @@ class SentencePieceTokenizer:
   pad_id, eod_id, mask_id = PAD_ID, EOD_ID, MASK_ID
 
   def __init__(self, model_proto: bytes, origin: str = "<in memory>"):
+    # Imported here: a run on the default byte tokenizer never loads sentencepiece.
+    import sentencepiece as spm  # pylint: disable=import-outside-toplevel
     self._sp = spm.SentencePieceProcessor()
     try:
       self._sp.LoadFromSerializedProto(model_proto)
@@ -128,6 +129,7 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, max_chars: int
   Training reads lines (SentencePiece skips "sentences" longer than max_sentence_length, and
   source files are far longer); newlines then fall back to their byte piece.
   """
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
   writer = io.BytesIO()
   try:
     spm.SentencePieceTrainer.Train(

@@ -58,6 +58,7 @@ class Restored:
   state: Any
   data_state: Any
   meta: dict
+  config: dict | None = None   # the config the checkpoint was saved with
 
 
 # ---------------------------------------------------------------------------------- manager
@@ -88,10 +89,12 @@ def open_read_only(workdir: str) -> ocp.CheckpointManager:
   if not directory.exists():
     raise WorkdirError(f"{directory} does not exist: is {workdir!r} the --workdir of a "
                             "training run?")
-  options = ocp.CheckpointManagerOptions(read_only=True, create=False,
-                                         cleanup_tmp_directories=False)
+  # The values a read-only manager needs, given explicitly: Orbax warns about each default
+  # it has to change (save_interval_steps=1, max_to_keep) on every evaluate or sample.
+  options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0,
+                                         max_to_keep=None, cleanup_tmp_directories=False)
   verbosity = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)   # Orbax warns that a read-only manager is read-only
+  logging.set_verbosity(logging.ERROR)   # and it warns that a read-only manager is read-only
   try:
     return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
   finally:
@@ -230,7 +233,7 @@ def _try_restore(manager, step, target_state, new_config, param_shapes):
   if got != head["meta"]["fingerprint"]:
     return (f"its state fingerprint {got} does not match the saved "
             f"{head['meta']['fingerprint']}"), None
-  return None, Restored(step, body["state"], body["data"], head["meta"])
+  return None, Restored(step, body["state"], body["data"], head["meta"], head["config"])
 
 
 def _set_aside(manager: ocp.CheckpointManager, step: int, workdir: str, why: str) -> None:

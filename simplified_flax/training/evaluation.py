@@ -72,8 +72,10 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
   return restored
 
 
-def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None) -> dict:
-  """Restores the latest good checkpoint of `workdir` and evaluates it on the eval split."""
+def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None,
+             step: int | None = None) -> dict:
+  """Restores the latest good checkpoint of `workdir` (or checkpoint `step`) and evaluates it
+  on the eval split."""
   config = load_config(workdir)
   if pipeline is None:
     from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
@@ -81,7 +83,7 @@ def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None) -> dict
   placement = parallel.Placement.from_config(config)
   abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(config.seed)))
   target = placement.restore_target(abstract)
-  restored = restore_read_only(workdir, config, target)
+  restored = restore_read_only(workdir, config, target, step=step)
   state = placement.shard_state(restored.state)
   eval_fn = placement.compile_step(eval_step, abstract, returns_state=False)
   result = run_eval(eval_fn, state, pipeline.eval_batches(eval_steps or config.eval_steps),

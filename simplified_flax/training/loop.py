@@ -22,6 +22,7 @@ from simplified_flax.training import data_preflight
 from simplified_flax.training import metrics_io
 from simplified_flax.training import nonfinite
 from simplified_flax.training import placement as parallel
+from simplified_flax.training import resume_changes
 from simplified_flax.training import rewind
 from simplified_flax.training import workdir_lock
 from simplified_flax.training.nonfinite import NonFiniteLossError
@@ -133,6 +134,9 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
     state, data_state = restored.state, restored.data_state
     start_step, elapsed = restored.step, float(restored.meta.get("elapsed_s", 0.0))
     _console(f"Resuming from the checkpoint of step {start_step}.")
+    schedule_note = resume_changes.schedule_change(restored.config, config_dict, start_step)
+    if schedule_note:
+      _console(schedule_note)
   if jax.process_index() == 0:
     metrics_io.truncate_history(workdir, start_step)
   _write_config(workdir, config_dict)
@@ -161,6 +165,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   # device only to log, evaluate or checkpoint.
   # ----------------------------------------------------------------------------------------
   writer = metrics_io.make_writer(workdir, tensorboard)
+  writer.write_config(start_step, config_dict)   # TensorBoard's Text tab
   progress = metrics_io.Progress(total_steps=config.num_train_steps, start_step=start_step,
                                  tokens_per_step=tokens_per_step, elapsed_before=elapsed)
   stop = _StopRequest(manager)
@@ -198,6 +203,8 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
       batch, data_state = next(feeder)
       state, metrics = train_fn(state, batch)
       step += 1
+      if step == start_step + 1:
+        progress.restart_clock()   # the first call compiled: keep it out of tokens/s and ETA
       if read_after_dispatch:
         read_pending()
         read_after_dispatch = False

@@ -72,9 +72,25 @@ class JsonlWriter:
       self._file.close()
 
 
+# TensorBoard groups charts by the tag's first segment: the loop's scalars go under train/ and
+# eval/ (metrics.jsonl keeps the flat names); other tags (`kurtosis/layer_0`) are grouped.
+TRAIN_SCALARS = ("loss", "learning_rate", "grad_norm", "tokens_per_s", "elapsed_s")
+CONFIG_TAG = "config"   # the run's config, a text summary at the step it starts from
+
+
+def tensorboard_tag(name: str) -> str:
+  """'loss' -> 'train/loss', 'eval_loss' -> 'eval/loss'; any other name as it is."""
+  if name in TRAIN_SCALARS:
+    return f"train/{name}"
+  if name.startswith("eval_"):
+    return f"eval/{name[len('eval_'):]}"
+  return name
+
+
 class TensorBoardWriter:
   """Scalar event files TensorBoard reads, written with `tensorboard`'s protos and record
-  framing (no TensorFlow) to any epath location. A remote event file appears when closed."""
+  framing (no TensorFlow) to any epath location. A remote event file appears when closed.
+  Tags are grouped (`tensorboard_tag`); `write_config` adds the run's config as text."""
 
   def __init__(self, logdir: str):
     # pylint: disable=import-outside-toplevel
@@ -92,10 +108,24 @@ class TensorBoardWriter:
     self._records.write(event.SerializeToString())
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    values = [self._summary_pb2.Summary.Value(tag=k, simple_value=float(v))
+    values = [self._summary_pb2.Summary.Value(tag=tensorboard_tag(k), simple_value=float(v))
               for k, v in scalars.items()]
     self._write(self._event_pb2.Event(wall_time=time.time(), step=int(step),
                                       summary=self._summary_pb2.Summary(value=values)))
+
+  def write_config(self, step: int, config_dict: Mapping[str, Any]) -> None:
+    """The config as TensorBoard text (a markdown code block of `field = value` lines)."""
+    # pylint: disable=import-outside-toplevel
+    from tensorboard.compat.proto import tensor_pb2, types_pb2
+    lines = [f"{k} = {v!r}" for k, v in sorted(_flat(config_dict).items())]
+    text = "\n".join("    " + line for line in lines).encode()
+    metadata = self._summary_pb2.SummaryMetadata(
+        plugin_data=self._summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
+    value = self._summary_pb2.Summary.Value(
+        tag=CONFIG_TAG, metadata=metadata,
+        tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[text]))
+    self._write(self._event_pb2.Event(wall_time=time.time(), step=int(step),
+                                      summary=self._summary_pb2.Summary(value=[value])))
 
   def flush(self) -> None:
     self._file.flush()
@@ -114,6 +144,10 @@ class MultiWriter:
     for w in self._writers:
       w.write_scalars(step, scalars)
 
+  def write_config(self, step: int, config_dict: Mapping[str, Any]) -> None:
+    for w in (w for w in self._writers if hasattr(w, "write_config")):
+      w.write_config(step, config_dict)
+
   def flush(self) -> None:
     for w in self._writers:
       w.flush()
@@ -121,6 +155,12 @@ class MultiWriter:
   def close(self) -> None:
     for w in self._writers:
       w.close()
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """{"model": {"n_layer": 2}} -> {"model.n_layer": 2}."""
+  return {key: leaf for k, v in d.items() for key, leaf in (
+      _flat(v, f"{prefix}{k}.").items() if isinstance(v, Mapping) else [(f"{prefix}{k}", v)])}
 
 
 def read_history(path: str) -> list[dict]:
@@ -137,9 +177,8 @@ def read_history(path: str) -> list[dict]:
 
 
 def truncate_history(workdir: str, last_step: int) -> None:
-  """Drops what a killed or rewound run logged after `last_step`: the rows of metrics.jsonl and
-  the summaries of the TensorBoard event files, each file replaced whole; a torn last row or
-  event record is dropped too. Needs no TensorFlow."""
+  """Drops what a killed or rewound run logged after `last_step` (rows of metrics.jsonl, the
+  TensorBoard summaries; each file replaced whole, torn tails dropped). No TensorFlow."""
   path = epath.Path(workdir) / METRICS_FILE
   if path.exists():
     text = "".join(json.dumps(r) + "\n" for r in read_history(path)
@@ -186,7 +225,10 @@ def read_records(data: bytes) -> tuple[list[bytes], bool]:
 
 
 def _summary_after(event, last_step: int) -> bool:
-  return event.HasField("summary") and event.step > last_step
+  """A summary after `last_step`, or the config at it (the resuming run writes it again)."""
+  if not event.HasField("summary") or event.step < last_step:
+    return False
+  return event.step > last_step or any(v.tag == CONFIG_TAG for v in event.summary.value)
 
 
 def make_writer(workdir: str, tensorboard: bool = True) -> MultiWriter:
@@ -223,11 +265,15 @@ class Progress:
     finally:
       self._last_time += time.time() - start
 
-  def update(self, step: int) -> dict[str, float]:
-    """{"tokens_per_s", "elapsed_s", "eta_s"} since the previous update (or the start).
+  def restart_clock(self) -> None:
+    """Starts the current interval now: the loop calls it once the first step has been
+    dispatched (jit compiles inside that call), so tokens/s and the ETA never include
+    compilation. The elapsed time still does: it is wall-clock time."""
+    self._last_time = time.time()
 
-    The first update's interval includes compilation.
-    """
+  def update(self, step: int) -> dict[str, float]:
+    """{"tokens_per_s", "elapsed_s", "eta_s"} since the previous update (or the start, or
+    `restart_clock`)."""
     now = time.time()
     steps_per_s = (step - self._last_step) / max(now - self._last_time, 1e-9)
     self._last_time, self._last_step = now, step

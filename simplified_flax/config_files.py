@@ -1,0 +1,141 @@
+"""Config files by name or by path, from any folder, in a checkout and in an installed wheel.
+
+`--config=sas_p:cpu`, `--config=sas_p.py:cpu`, `--config=configs/sas_p.py:cpu` and
+`--config=path/to/my_config.py:cpu` all work wherever the command runs. The repository keeps
+its config files in the top-level `configs/`; an installed wheel carries them as the package
+`simplified_flax.configs` (pyproject.toml maps the folder there), so nothing generic named
+`configs` lands in site-packages. In a checkout the same name is given to the repository's
+folder, so `from simplified_flax.configs import base` works in both.
+
+A user's own file is loaded as a module inside that package: a copy of a shipped file keeps
+working unchanged (`from . import sas` still finds the shipped `sas`), and a new file may
+write `from simplified_flax.configs import base`.
+"""
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import pathlib
+import sys
+import types
+
+from absl import flags
+
+PACKAGE = "simplified_flax.configs"
+_HERE = pathlib.Path(__file__).resolve().parent
+_CHECKOUT_CONFIGS = _HERE.parent / "configs"
+FLAG_HELP = ("A config name (sas_p, preln, bert_sas_p, ...) or the path of a .py file with "
+             "get_config(), then :switches, e.g. sas_p:cpu (README, \"Training\").")
+
+
+class ConfigSpecError(ValueError):
+  """A --config value that names no config file, or a switch no config knows."""
+
+
+def configs_package() -> types.ModuleType:
+  """The package holding the shipped config files: the wheel's `simplified_flax.configs`, or
+  in a checkout the repository's top-level `configs/` folder registered under that name."""
+  if PACKAGE in sys.modules:
+    return sys.modules[PACKAGE]
+  installed = (_HERE / "configs" / "__init__.py").is_file()
+  in_checkout = ((_CHECKOUT_CONFIGS / "base.py").is_file()
+                 and (_HERE.parent / "pyproject.toml").is_file())
+  if installed or not in_checkout:
+    return importlib.import_module(PACKAGE)
+  spec = importlib.util.spec_from_file_location(
+      PACKAGE, _CHECKOUT_CONFIGS / "__init__.py",
+      submodule_search_locations=[str(_CHECKOUT_CONFIGS)])
+  package = importlib.util.module_from_spec(spec)
+  sys.modules[PACKAGE] = package
+  spec.loader.exec_module(package)
+  setattr(sys.modules["simplified_flax"], "configs", package)
+  return package
+
+
+def known_configs() -> list[str]:
+  """The names of the shipped config files (`sas_p`, `preln`, ...)."""
+  folder = pathlib.Path(configs_package().__file__).parent
+  return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+
+
+def known_switches() -> tuple[str, ...]:
+  return tuple(importlib.import_module(f"{PACKAGE}.base").SWITCHES)
+
+
+def load(spec: str):
+  """`"name[:switches]"` or `"path.py[:switches]"` -> that file's `get_config(switches)`.
+
+  Raises ConfigSpecError (one line naming the known configs and switches) for a file that
+  does not exist or a switch that no shipped config knows, before running any config code."""
+  target, _, arg = spec.partition(":")
+  module, shipped = _module_for(target)
+  if shipped:
+    unknown = sorted({s for s in arg.split(",") if s} - set(known_switches()))
+    if unknown:
+      raise ConfigSpecError(f"Unknown config switch {', '.join(map(repr, unknown))} in "
+                            f"{spec!r}; {_known_text()}")
+  if not hasattr(module, "get_config"):
+    raise ConfigSpecError(f"{target} defines no get_config(arg); a config file returns its "
+                          "ConfigDict from get_config (see configs/base.py).")
+  return module.get_config(arg)
+
+
+def _module_for(target: str) -> tuple[types.ModuleType, bool]:
+  """(module, whether it is a shipped config) for a name or a path."""
+  path = pathlib.Path(target).expanduser()
+  shipped_dir = pathlib.Path(configs_package().__file__).resolve().parent
+  if path.is_file():
+    if path.resolve().parent == shipped_dir:
+      return importlib.import_module(f"{PACKAGE}.{path.stem}"), True
+    return _load_user_file(path), False
+  stem = path.name[:-3] if path.name.endswith(".py") else path.name
+  # A bare name, or the README's `configs/<name>.py` run from another folder.
+  if stem in known_configs() and str(path.parent) in (".", "configs"):
+    return importlib.import_module(f"{PACKAGE}.{stem}"), True
+  close = difflib.get_close_matches(stem, known_configs(), n=1, cutoff=0.6)
+  hint = f"did you mean {close[0]!r}? " if close else ""
+  raise ConfigSpecError(f"No config file {target!r}: {hint}give a config name or the path of "
+                        f"a .py file with get_config(); {_known_text()}")
+
+
+def _load_user_file(path: pathlib.Path) -> types.ModuleType:
+  resolved = path.resolve()
+  digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:8]
+  name = f"{PACKAGE}._file_{resolved.stem}_{digest}"
+  spec = importlib.util.spec_from_file_location(name, resolved)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+def _known_text() -> str:
+  return (f"known configs: {', '.join(known_configs())}; switches after ':' (comma-separated): "
+          f"{', '.join(known_switches())}; e.g. --config=sas_p:cpu")
+
+
+class ConfigSpecParser(flags.ArgumentParser):
+  """absl parser of a --config value through `load` (locked, as ml_collections locks it)."""
+
+  def __init__(self, lock_config: bool = True):
+    self._lock_config = lock_config
+
+  def parse(self, argument):
+    if not isinstance(argument, str):
+      return argument
+    config = load(argument)
+    if self._lock_config and callable(getattr(config, "lock", None)):
+      config.lock()
+    return config
+
+  def flag_type(self):
+    return "config object"
+
+
+def define_config_flag(name: str, help_string: str, lock_config: bool = True):
+  """An ml_collections config-file flag (`--name=spec`, `--name.field=value`) whose spec is
+  resolved by `load`: a name or a path, from any folder."""
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  holder = config_flags.DEFINE_config_file(name, None, help_string, lock_config=lock_config)
+  flags.FLAGS[name].parser = ConfigSpecParser(lock_config)
+  return holder
