@@ -88,9 +88,7 @@ class Transformer(nn.Module):
     x_BTD = nn.LayerNorm(epsilon=m.norm_eps, dtype=self.dtype, name="ln_f")(x_BTD)
     if return_hidden:
       return x_BTD
-    # Tied head; float32 logits for a stable softmax cross-entropy.
-    return jnp.einsum("btd,vd->btv", x_BTD, wte.embedding.astype(self.dtype),
-                      preferred_element_type=jnp.float32)
+    return layers.TiedHead(self.dtype, name="head")(x_BTD, wte.embedding)
 
   def _advance_cache(self, B, T, *, lengths, segment_ids, key_mask, train):
     """(cache index [B] where this chunk starts, lengths [B]); moves the index past the chunk."""

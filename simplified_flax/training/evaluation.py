@@ -11,6 +11,7 @@ import ml_collections
 from simplified_flax.training import checkpoints as checkpoint
 from simplified_flax.training import mlm_metrics
 from simplified_flax.training import placement as parallel
+from simplified_flax.model import quantize
 from simplified_flax.model.parameters import parameter_shapes
 from simplified_flax.training.step import create_train_state, eval_step
 
@@ -72,8 +73,15 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
   return restored
 
 
-def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None) -> dict:
-  """Restores the latest good checkpoint of `workdir` and evaluates it on the eval split."""
+def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None,
+             quantize_scheme: str | None = None) -> dict:
+  """Restores the latest good checkpoint of `workdir` and evaluates it on the eval split.
+
+  `quantize_scheme` ("w8", "a8" or "w8a8"; model/quantize.py) evaluates the same batches a
+  second time with the linear layers fake-quantised to int8, adding `quantize`,
+  `quantized_eval_loss` and `quantized_loss_increase` (quantised minus full precision).
+  """
+  quantize.parse_scheme(quantize_scheme)   # a bad scheme fails before anything is read
   config = load_config(workdir)
   if pipeline is None:
     from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
@@ -83,7 +91,14 @@ def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None) -> dict
   target = placement.restore_target(abstract)
   restored = restore_read_only(workdir, config, target)
   state = placement.shard_state(restored.state)
+  num_batches = eval_steps or config.eval_steps
   eval_fn = placement.compile_step(eval_step, abstract, returns_state=False)
-  result = run_eval(eval_fn, state, pipeline.eval_batches(eval_steps or config.eval_steps),
-                    placement)
-  return {"step": restored.step, **result}
+  result = {"step": restored.step,
+            **run_eval(eval_fn, state, pipeline.eval_batches(num_batches), placement)}
+  if quantize.parse_scheme(quantize_scheme) != (False, False):
+    quantized_fn = placement.compile_step(quantize.quantized(eval_step, quantize_scheme),
+                                          abstract, returns_state=False)
+    quantized = run_eval(quantized_fn, state, pipeline.eval_batches(num_batches), placement)
+    result.update(quantize=quantize_scheme, quantized_eval_loss=quantized["eval_loss"],
+                  quantized_loss_increase=quantized["eval_loss"] - result["eval_loss"])
+  return result

@@ -1,0 +1,201 @@
+"""The report of experiments/outlier_features.py: tables, kurtosis plots and what they show,
+built from the runs' summaries alone (no JAX)."""
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+from experiments import report_lib
+
+KURTOSIS_RATIO_TARGET = 5.0   # Pre-LN / OP peak kurtosis (AdamW) the paper's result implies
+W8A8_RATIO_TARGET = 3.0       # Pre-LN / OP W8A8 eval-loss increase (AdamW)
+LABELS = {"preln": "Pre-LN", "op": "OP", "sas_p": "SAS-P", "adamw": "AdamW", "muon": "Muon"}
+
+
+def label(run: Mapping[str, Any]) -> str:
+  return f"{LABELS.get(run['variant'], run['variant'])} + {LABELS.get(run['optimizer'], run['optimizer'])}"
+
+
+def _num(value, digits: int = 3) -> str:
+  if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    return "-"
+  return f"{value:.{digits}f}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def ratio(a, b) -> float | None:
+  """a / b, None when either is missing or b is not positive."""
+  if a is None or b is None or b <= 0:
+    return None
+  return a / b
+
+
+def run_rows(runs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+  rows = []
+  for r in runs:
+    if r.get("diverged"):
+      rows.append([label(r), "diverged"] + ["-"] * 7)
+      continue
+    rows.append([label(r), _num(r.get("fp_eval_loss")), _num(r.get("peak_kurtosis"), 2),
+                 _num(r.get("final_kurtosis"), 2), _num(r.get("peak_max_median"), 1),
+                 _num(r.get("final_max_median"), 1), _num(r.get("w8a8_eval_loss")),
+                 f"{r['w8a8_increase']:+.4f}" if r.get("w8a8_increase") is not None else "-",
+                 _num(r.get("train_s", 0) / 60, 1)])
+  return rows
+
+
+RUN_HEADERS = ["run", "eval loss", "peak kurtosis", "final kurtosis", "peak max/median",
+               "final max/median", "W8A8 eval loss", "W8A8 increase", "train min"]
+
+
+def sweep_rows(sweep: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+  rows = []
+  for r in sorted(sweep, key=lambda r: (r["variant"], r["learning_rate"])):
+    if r.get("diverged"):
+      rows.append([label(r), f"{r['learning_rate']:g}", "diverged", "-", "-", "-"])
+      continue
+    rows.append([label(r), f"{r['learning_rate']:g}", _num(r.get("fp_eval_loss")),
+                 _num(r.get("peak_kurtosis"), 2), _num(r.get("final_kurtosis"), 2),
+                 f"{r['w8a8_increase']:+.4f}" if r.get("w8a8_increase") is not None else "-"])
+  return rows
+
+
+def plots(runs, sweep, output: str) -> list[str]:
+  """Writes the kurtosis plots; returns their markdown lines."""
+  lines = []
+  for r in runs:
+    rows = [h for h in r.get("history", ()) if any(k.startswith("kurtosis/") for k in h)]
+    if not rows:
+      continue
+    layers = sorted({int(k.split("_")[-1]) for k in rows[0] if k.startswith("kurtosis/")})
+    series = {f"layer {l}": [{"step": h["step"], "kurtosis": h[f"kurtosis/layer_{l}"]}
+                             for h in rows] for l in layers}
+    path = f"kurtosis_{r['variant']}_{r['optimizer']}.png"
+    report_lib.plot_curves(series, os.path.join(output, path), y="kurtosis", eval_y=None,
+                           title=f"{label(r)} (lr {r['learning_rate']:g}): kurtosis per layer",
+                           ylabel="kurtosis (var of neuron mean square)", yscale="log")
+    lines.append(f"![{label(r)}]({path})")
+  every = {label(r): [{"step": s, "kurtosis": k} for s, k in
+                      zip(r.get("kurtosis_steps", ()), r.get("kurtosis_max_layer", ()))]
+           for r in runs if r.get("kurtosis_steps")}
+  if every:
+    styles = {label(r): {"linestyle": "-" if r["optimizer"] == "adamw" else "--"} for r in runs}
+    report_lib.plot_curves(every, os.path.join(output, "kurtosis_all.png"), y="kurtosis",
+                           eval_y=None, title="Largest kurtosis over layers (AdamW solid, "
+                           "Muon dashed)", ylabel="max over layers of kurtosis", yscale="log",
+                           styles=styles)
+    lines.insert(0, "![every run](kurtosis_all.png)")
+  finished = [r for r in sweep if r.get("peak_kurtosis") is not None]
+  if finished:
+    series = {}
+    for r in sorted(finished, key=lambda r: r["learning_rate"]):
+      series.setdefault(label(r), []).append({"lr": r["learning_rate"],
+                                              "kurtosis": r["peak_kurtosis"]})
+    report_lib.plot_curves(series, os.path.join(output, "lr_sweep.png"), x="lr",
+                           y="kurtosis", eval_y=None, xlabel="learning rate",
+                           title="Peak kurtosis against learning rate (AdamW)",
+                           ylabel="peak kurtosis (max over layers and steps)", xscale="log",
+                           yscale="log", marker="o")
+    lines.append("![sweep](lr_sweep.png)")
+  return lines
+
+
+def _find(runs, variant, optimizer):
+  return next((r for r in runs if r["variant"] == variant and r["optimizer"] == optimizer
+               and not r.get("diverged")), None)
+
+
+def paper_checks(runs) -> list[str]:
+  """The two figures the paper's claim turns on (Pre-LN over OP with AdamW), against targets."""
+  preln, op = _find(runs, "preln", "adamw"), _find(runs, "op", "adamw")
+  if preln is None or op is None:
+    return ["- Pre-LN + AdamW or OP + AdamW did not finish: no comparison."]
+  kurt = ratio(preln.get("peak_kurtosis"), op.get("peak_kurtosis"))
+  paper_units = ratio(1 + preln.get("peak_kurtosis", 0), 1 + op.get("peak_kurtosis", 0))
+  quant = ratio(preln.get("w8a8_increase"), op.get("w8a8_increase"))
+  met = lambda value, target: ("meets" if value is not None and value >= target
+                               else "does not meet")
+  return [
+      f"- Peak kurtosis, Pre-LN / OP (AdamW): **{_num(kurt, 1)}x** ({met(kurt, KURTOSIS_RATIO_TARGET)} "
+      f"the {KURTOSIS_RATIO_TARGET:g}x target); in the paper's units Kurt = 1 + kurtosis, "
+      f"{_num(paper_units, 1)}x.",
+      f"- W8A8 eval-loss increase, Pre-LN / OP (AdamW): **{_num(quant, 1)}x** "
+      f"({met(quant, W8A8_RATIO_TARGET)} the {W8A8_RATIO_TARGET:g}x target; "
+      f"{preln['w8a8_increase']:+.4f} vs {op['w8a8_increase']:+.4f} nats)."]
+
+
+def findings(runs, sweep) -> list[str]:
+  """Each claim of the paper, stated as measured here."""
+  out = []
+  by_variant = {}
+  for r in sweep:
+    if r.get("peak_kurtosis") is not None:
+      by_variant.setdefault(r["variant"], []).append(r)
+  for variant, rs in sorted(by_variant.items()):
+    rs.sort(key=lambda r: r["learning_rate"])
+    peaks = [r["peak_kurtosis"] for r in rs]
+    trend = ("grows with every step up in learning rate" if all(
+        b > a for a, b in zip(peaks, peaks[1:])) else "does not grow monotonically with "
+             "learning rate")
+    out.append(f"- {LABELS.get(variant, variant)} + AdamW: peak kurtosis "
+               + ", ".join(f"{p:.2f} at {r['learning_rate']:g}" for p, r in zip(peaks, rs))
+               + f": it {trend} (paper: outliers grow with learning rate).")
+  for variant in ("preln", "op", "sas_p"):
+    adam, muon = _find(runs, variant, "adamw"), _find(runs, variant, "muon")
+    if adam and muon:
+      lower = muon["peak_kurtosis"] < adam["peak_kurtosis"]
+      out.append(f"- {LABELS[variant]}: Muon's peak kurtosis {muon['peak_kurtosis']:.2f} vs "
+                 f"AdamW's {adam['peak_kurtosis']:.2f} ({'lower, as' if lower else 'not lower, unlike'}"
+                 f" the paper's non-diagonal preconditioning); W8A8 increase "
+                 f"{muon['w8a8_increase']:+.4f} vs {adam['w8a8_increase']:+.4f}; eval loss "
+                 f"{muon['fp_eval_loss']:.3f} vs {adam['fp_eval_loss']:.3f}.")
+  sasp, preln = _find(runs, "sas_p", "adamw"), _find(runs, "preln", "adamw")
+  if sasp and preln:
+    out.append(f"- SAS-P + AdamW: peak kurtosis {sasp['peak_kurtosis']:.2f} vs Pre-LN's "
+               f"{preln['peak_kurtosis']:.2f}, W8A8 increase {sasp['w8a8_increase']:+.4f} vs "
+               f"{preln['w8a8_increase']:+.4f}.")
+  finished = [r for r in runs if r.get("peak_kurtosis") is not None]
+  if len(finished) >= 3:
+    rank = lambda xs: [sorted(xs).index(x) for x in xs]
+    a = rank([r["peak_kurtosis"] for r in finished])
+    b = rank([r["w8a8_increase"] for r in finished])
+    n = len(a)
+    rho = 1 - 6 * sum((x - y) ** 2 for x, y in zip(a, b)) / (n * (n * n - 1))
+    out.append(f"- Across the {n} runs, the rank correlation of peak kurtosis with the W8A8 "
+               f"increase is {rho:+.2f} (paper: more outliers, more damage at int8).")
+  return out
+
+
+def report(runs, sweep, lr, scale, command, missing, output, trains_within) -> str:
+  """report.md's text; writes the plots into `output`."""
+  r0 = next((r for r in runs + sweep if r.get("model")), None)
+  lines = [f"# Outlier features, optimisers and W8A8 (`--scale={scale}`)", "",
+           f"Command: `{command}`", ""]
+  if r0:
+    m = r0["model"]
+    lines += [f"Settings: L={m['n_layer']}, D={m['n_embd']}, H={m['n_head']}, "
+              f"T={m['context_length']}, batch {r0['batch_size']}, {r0['steps']} steps per "
+              f"run, the configs' linear schedule and warm-up, weight decay and clipping; "
+              f"one seed (same data, order and initialisation seed for every run) on the "
+              f"embedded corpus (byte tokenizer). Learning rate of the comparison: **{lr:g}** "
+              f"(picked by the sweep below: the rate with the largest Pre-LN + AdamW peak "
+              f"kurtosis among those where its eval loss is within {trains_within:g} nats of "
+              f"its best). Kurtosis: the project's `kurtosis/layer_<l>` diagnostic of each "
+              f"block's output (var over neurons of the normalised mean square = the paper's "
+              f"Kurt - 1), on the training batch every few steps; peak = the largest over "
+              f"layers and steps, final = largest over layers at the last step. Max/median: "
+              f"mean over tokens of max |x| / median |x| over neurons. W8A8: every linear "
+              f"layer's weights (per output channel) and inputs (per tensor) fake-quantised to "
+              f"symmetric int8, eval loss on the same {r0['eval_steps']} validation batches as "
+              f"the full-precision loss.", ""]
+  lines += ["## At the chosen learning rate", ""]
+  lines += report_lib.markdown_table(RUN_HEADERS, run_rows(runs)) + [""]
+  lines += ["## The paper's two figures", ""] + paper_checks(runs) + [""]
+  lines += ["## Learning-rate sweep (AdamW)", ""]
+  lines += report_lib.markdown_table(["run", "lr", "eval loss", "peak kurtosis",
+                                      "final kurtosis", "W8A8 increase"],
+                                     sweep_rows(sweep)) + [""]
+  lines += ["## What this run shows", ""] + findings(runs, sweep) + [""]
+  lines += plots(runs, sweep, output) + [""]
+  if missing:
+    lines += ["Not finished when the report was written: "
+              + ", ".join(f"`{m}`" for m in missing) + ".", ""]
+  return "\n".join(lines) + "\n"
