@@ -35,7 +35,7 @@ OPTIMIZERS = ("adamw", "muon")
 SWEEP_VARIANTS = ("preln", "op")
 DIVERGED_FILE = "diverged.txt"
 SCALES = {
-    "cpu": {"arg": "cpu", "steps": 600, "sweep_lrs": "1e-3,3e-3,1e-2", "diagnostics_every": 25,
+    "cpu": {"arg": "cpu", "steps": 600, "sweep_lrs": "3e-2,1e-2,1e-3", "diagnostics_every": 25,
             "overrides": {"model.n_layer": 4, "model.n_embd": 128, "model.n_head": 4,
                           "model.context_length": 128, "batch_size": 16, "eval_steps": 8,
                           "log_every_steps": 25}},

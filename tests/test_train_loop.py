@@ -180,6 +180,24 @@ def test_evaluate_cli_prints_the_final_eval_loss(trained):
   np.testing.assert_allclose(result["eval_loss"], last_eval["eval_loss"], rtol=1e-6)
 
 
+def test_muon_run_resumes_exactly(tmp_path, data):
+  """Rewound to its step-2 checkpoint and trained on, a Muon run ends bit for bit where it
+  did straight: parameters, Muon momentum and Adam moments (the AdamW run's resume is
+  test_train_resume.py's)."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  run = {"optimizer.name": "muon", "num_train_steps": 4, "checkpoint_every_steps": 2}
+  final = lambda: ocp.StandardCheckpointer().restore(
+      os.path.join(tmp_path, "run", "checkpoints", "4", "state"))
+  _train(tmp_path / "run", data, **run)
+  straight = final()
+  _train(tmp_path / "run", data, **run, restore_step=2)
+  leaves_a = jax.tree_util.tree_leaves_with_path(straight)
+  leaves_b = jax.tree_util.tree_leaves_with_path(final())
+  assert len(leaves_a) == len(leaves_b) > 2 * len(jax.tree.leaves(straight["params"]))
+  for (path, x), (_, y) in zip(leaves_a, leaves_b):
+    assert np.array_equal(np.asarray(x), np.asarray(y)), jax.tree_util.keystr(path)
+
+
 def test_incompatible_config_refuses_to_resume_naming_the_field(trained, tmp_path):
   workdir = _copy(trained, tmp_path)
   with pytest.raises(checkpoint.IncompatibleCheckpointError) as err:
