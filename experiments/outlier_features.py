@@ -1,8 +1,8 @@
 """Outlier features over training (He et al. 2024, "Understanding and Minimising Outlier
 Features"): Pre-LN, OP and SAS-P, each with AdamW and with Muon, and what int8 costs them.
 
-    python experiments/outlier_features.py --scale=cpu      # 10 runs of L=4, D=128; ~25 min, 2 cores
-    python experiments/outlier_features.py --scale=paper    # the configs' shape (L=18, D=768): GPU/TPU
+    python experiments/outlier_features.py --scale=cpu     # 10 runs, L=4, D=128: ~40 min, 2 cores
+    python experiments/outlier_features.py --scale=paper   # the configs' shape (L=18, D=768): GPU
 
 1. A learning-rate sweep of Pre-LN and OP with AdamW (`--sweep_lrs`) picks the rate: the one
    where Pre-LN + AdamW's peak kurtosis is largest among the rates at which it trains (final

@@ -12,7 +12,8 @@ LABELS = {"preln": "Pre-LN", "op": "OP", "sas_p": "SAS-P", "adamw": "AdamW", "mu
 
 
 def label(run: Mapping[str, Any]) -> str:
-  return f"{LABELS.get(run['variant'], run['variant'])} + {LABELS.get(run['optimizer'], run['optimizer'])}"
+  name = lambda key: LABELS.get(run[key], run[key])
+  return f"{name('variant')} + {name('optimizer')}"
 
 
 def _num(value, digits: int = 3) -> str:
@@ -114,9 +115,9 @@ def paper_checks(runs) -> list[str]:
   met = lambda value, target: ("meets" if value is not None and value >= target
                                else "does not meet")
   return [
-      f"- Peak kurtosis, Pre-LN / OP (AdamW): **{_num(kurt, 1)}x** ({met(kurt, KURTOSIS_RATIO_TARGET)} "
-      f"the {KURTOSIS_RATIO_TARGET:g}x target); in the paper's units Kurt = 1 + kurtosis, "
-      f"{_num(paper_units, 1)}x.",
+      f"- Peak kurtosis, Pre-LN / OP (AdamW): **{_num(kurt, 1)}x** "
+      f"({met(kurt, KURTOSIS_RATIO_TARGET)} the {KURTOSIS_RATIO_TARGET:g}x target); in the "
+      f"paper's units Kurt = 1 + kurtosis, {_num(paper_units, 1)}x.",
       f"- W8A8 eval-loss increase, Pre-LN / OP (AdamW): **{_num(quant, 1)}x** "
       f"({met(quant, W8A8_RATIO_TARGET)} the {W8A8_RATIO_TARGET:g}x target; "
       f"{preln['w8a8_increase']:+.4f} vs {op['w8a8_increase']:+.4f} nats)."]
@@ -141,10 +142,11 @@ def findings(runs, sweep) -> list[str]:
   for variant in ("preln", "op", "sas_p"):
     adam, muon = _find(runs, variant, "adamw"), _find(runs, variant, "muon")
     if adam and muon:
-      lower = muon["peak_kurtosis"] < adam["peak_kurtosis"]
+      lower = ("lower, as" if muon["peak_kurtosis"] < adam["peak_kurtosis"]
+               else "not lower, unlike")
       out.append(f"- {LABELS[variant]}: Muon's peak kurtosis {muon['peak_kurtosis']:.2f} vs "
-                 f"AdamW's {adam['peak_kurtosis']:.2f} ({'lower, as' if lower else 'not lower, unlike'}"
-                 f" the paper's non-diagonal preconditioning); W8A8 increase "
+                 f"AdamW's {adam['peak_kurtosis']:.2f} ({lower} the paper's non-diagonal "
+                 f"preconditioning); W8A8 increase "
                  f"{muon['w8a8_increase']:+.4f} vs {adam['w8a8_increase']:+.4f}; eval loss "
                  f"{muon['fp_eval_loss']:.3f} vs {adam['fp_eval_loss']:.3f}.")
   sasp, preln = _find(runs, "sas_p", "adamw"), _find(runs, "preln", "adamw")
