@@ -168,6 +168,18 @@ def test_evaluate_restores_the_latest_checkpoint(trained):
   np.testing.assert_allclose(result["eval_loss"], last_eval["eval_loss"], rtol=1e-6)
 
 
+def test_evaluate_w8a8_prints_the_quantised_loss_beside_the_full_precision_one(trained):
+  result = evaluate.evaluate(str(trained), quantize_scheme="w8a8")
+  full = evaluate.evaluate(str(trained))
+  assert result["eval_loss"] == full["eval_loss"] and result["quantize"] == "w8a8"
+  assert result["quantized_eval_loss"] != result["eval_loss"]        # int8 changed the logits
+  assert abs(result["quantized_loss_increase"]) < 0.05                 # ... but only a little
+  assert result["quantized_loss_increase"] == pytest.approx(
+      result["quantized_eval_loss"] - result["eval_loss"])
+  with pytest.raises(ValueError, match="--quantize='int4' is unknown"):
+    evaluate.evaluate(str(trained), quantize_scheme="int4")
+
+
 @pytest.mark.slow
 def test_evaluate_cli_prints_the_final_eval_loss(trained):
   out = subprocess.run([sys.executable, "-m", "simplified_flax.evaluate", f"--workdir={trained}"],
