@@ -127,14 +127,16 @@ def test_outlier_report_checks_the_papers_ratios_and_plots_each_run(tmp_path):
           _outlier_run("preln", "muon", 1e-2, 2.25, 1.0, 0.02),
           {"variant": "op", "optimizer": "muon", "learning_rate": 1e-2, "diverged": True,
            "final_eval_loss": None}]
-  sweep = runs[:2] + [_outlier_run("preln", "adamw", 1e-3, 2.4, 1.0, 0.01)]
+  sweep = runs[:2] + [_outlier_run("preln", "adamw", 1e-3, 2.4, 1.0, 0.01),
+                      _outlier_run("preln", "adamw", 3e-2, 2.9, 9.0, 0.3)]
   text = outlier_report.report(runs, sweep, 1e-2, "cpu", "cmd", ["sas_p_adamw_lr0.01"],
                                str(tmp_path), 0.25)
   assert "Peak kurtosis, Pre-LN / OP (AdamW): **8.0x** (meets the 5x target)" in text
   assert "**6.0x** (meets the 3x target" in text
   assert "| OP + Muon | diverged |" in text
   assert "Pre-LN: Muon's peak kurtosis 1.00 vs AdamW's 4.00 (lower, as" in text
-  assert "1.00 at 0.001, 4.00 at 0.01: it grows with every step up" in text
+  assert "1.00 at 0.001, 4.00 at 0.01, 9.00 at 0.03: it grows with every step up" in text
+  assert "Pre-LN + AdamW does not train at 0.03 (eval loss 2.900)" in text
   assert "`sas_p_adamw_lr0.01`" in text
   assert {p.name for p in tmp_path.iterdir()} == {
       "kurtosis_all.png", "kurtosis_preln_adamw.png", "kurtosis_op_adamw.png",
