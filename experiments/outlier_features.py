@@ -1,7 +1,7 @@
 """Outlier features over training (He et al. 2024, "Understanding and Minimising Outlier
 Features"): Pre-LN, OP and SAS-P, each with AdamW and with Muon, and what int8 costs them.
 
-    python experiments/outlier_features.py --scale=cpu     # 10 runs, L=4, D=128: ~40 min, 2 cores
+    python experiments/outlier_features.py --scale=cpu     # 12 runs, L=4, D=128: ~40 min, 2 cores
     python experiments/outlier_features.py --scale=paper   # the configs' shape (L=18, D=768): GPU
 
 1. A learning-rate sweep of Pre-LN and OP with AdamW (`--sweep_lrs`) picks the rate: the one
@@ -35,7 +35,8 @@ OPTIMIZERS = ("adamw", "muon")
 SWEEP_VARIANTS = ("preln", "op")
 DIVERGED_FILE = "diverged.txt"
 SCALES = {
-    "cpu": {"arg": "cpu", "steps": 600, "sweep_lrs": "3e-2,1e-2,1e-3", "diagnostics_every": 25,
+    "cpu": {"arg": "cpu", "steps": 600, "sweep_lrs": "3e-2,1e-2,3e-3,1e-3",
+            "diagnostics_every": 25,
             "overrides": {"model.n_layer": 4, "model.n_embd": 128, "model.n_head": 4,
                           "model.context_length": 128, "batch_size": 16, "eval_steps": 8,
                           "log_every_steps": 25}},
