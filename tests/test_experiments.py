@@ -137,6 +137,8 @@ def test_outlier_report_checks_the_papers_ratios_and_plots_each_run(tmp_path):
   assert "Pre-LN: Muon's peak kurtosis 1.00 vs AdamW's 4.00 (lower, as" in text
   assert "1.00 at 0.001, 4.00 at 0.01, 9.00 at 0.03: it grows with every step up" in text
   assert "Pre-LN + AdamW does not train at 0.03 (eval loss 2.900)" in text
+  assert "| 0.01 | 8.0 | 6.0 | yes | yes |" in text
+  assert "Both targets are met, with both blocks training, at 0.01." in text
   assert "`sas_p_adamw_lr0.01`" in text
   assert {p.name for p in tmp_path.iterdir()} == {
       "kurtosis_all.png", "kurtosis_preln_adamw.png", "kurtosis_op_adamw.png",
