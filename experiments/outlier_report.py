@@ -123,6 +123,40 @@ def paper_checks(runs) -> list[str]:
       f"{preln['w8a8_increase']:+.4f} vs {op['w8a8_increase']:+.4f} nats)."]
 
 
+def agreement(runs) -> tuple[list[str], list[str]]:
+  """(where the run agrees with the paper, where it does not), one clause each."""
+  agrees, differs = [], []
+  preln, op = _find(runs, "preln", "adamw"), _find(runs, "op", "adamw")
+  if preln and op:
+    trend = lambda r: r["kurtosis_max_layer"][-1] - r["kurtosis_max_layer"][0]
+    (agrees if trend(preln) > 0 >= trend(op) else differs).append(
+        f"Pre-LN + AdamW's kurtosis {'rises' if trend(preln) > 0 else 'does not rise'} over "
+        f"training ({preln['kurtosis_max_layer'][0]:.2f} -> {preln['final_kurtosis']:.2f}) and "
+        f"OP's {'falls' if trend(op) <= 0 else 'rises'} ({op['kurtosis_max_layer'][0]:.2f} -> "
+        f"{op['final_kurtosis']:.2f}); at the last step Pre-LN's is "
+        f"{_num(ratio(preln['final_kurtosis'], op['final_kurtosis']), 1)}x OP's")
+    kurt = ratio(preln["peak_kurtosis"], op["peak_kurtosis"])
+    (agrees if (kurt or 0) >= KURTOSIS_RATIO_TARGET else differs).append(
+        f"peak kurtosis Pre-LN / OP is {_num(kurt, 1)}x (target {KURTOSIS_RATIO_TARGET:g}x)")
+    quant = ratio(preln["w8a8_increase"], op["w8a8_increase"])
+    (agrees if (quant or 0) >= W8A8_RATIO_TARGET else differs).append(
+        f"W8A8 costs Pre-LN {_num(quant, 1)}x what it costs OP (target {W8A8_RATIO_TARGET:g}x)")
+  finished = [r for r in runs if r.get("w8a8_increase") is not None]
+  if finished:
+    worst = max(abs(r["w8a8_increase"]) for r in finished)
+    if worst < 0.01:
+      differs.append(f"int8 is nearly free for every run here (|W8A8 increase| <= {worst:.4f} "
+                     f"nats): the activations never grow the outliers that make it costly")
+  pairs = [(_find(runs, v, "adamw"), _find(runs, v, "muon")) for v in LABELS if v in
+           {r["variant"] for r in runs}]
+  pairs = [(a, m) for a, m in pairs if a and m]
+  if pairs:
+    lower = sum(m["peak_kurtosis"] < a["peak_kurtosis"] for a, m in pairs)
+    (agrees if lower == len(pairs) else differs).append(
+        f"Muon lowers the peak kurtosis of {lower} of {len(pairs)} blocks")
+  return agrees, differs
+
+
 def sweep_checks(sweep, trains_within: float) -> list[str]:
   """The two ratios at every swept rate, and whether both blocks train there: where the
   paper's result could show at this scale, if anywhere."""
@@ -228,6 +262,9 @@ def report(runs, sweep, lr, scale, command, missing, output, trains_within) -> s
               f"the full-precision loss.", ""]
   lines += ["## At the chosen learning rate", ""]
   lines += report_lib.markdown_table(RUN_HEADERS, run_rows(runs)) + [""]
+  agrees, differs = agreement(runs)
+  lines += ["Agrees with the paper: " + ("; ".join(agrees) or "nothing measured") + ".", "",
+            "Does not agree: " + ("; ".join(differs) or "nothing measured") + ".", ""]
   lines += ["## The paper's two figures", ""] + paper_checks(runs) + [""]
   lines += ["## Learning-rate sweep (AdamW)", ""]
   lines += report_lib.markdown_table(["run", "lr", "eval loss", "peak kurtosis",

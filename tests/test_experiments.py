@@ -138,6 +138,11 @@ def test_outlier_report_checks_the_papers_ratios_and_plots_each_run(tmp_path):
   assert "1.00 at 0.001, 4.00 at 0.01, 9.00 at 0.03: it grows with every step up" in text
   assert "Pre-LN + AdamW does not train at 0.03 (eval loss 2.900)" in text
   assert "| 0.01 | 8.0 | 6.0 | yes | yes |" in text
+  assert "Agrees with the paper: peak kurtosis Pre-LN / OP is 8.0x (target 5x)" in text
+  assert "Does not agree: Pre-LN + AdamW's kurtosis rises over training (2.00 -> 4.00) and OP's " \
+         "rises (0.25 -> 0.50)" in text       # the made-up histories all rise
+  assert "int8 is nearly free" not in text
+  assert "Muon lowers the peak kurtosis of 1 of 1 blocks" in text
   assert "Both targets are met, with both blocks training, at 0.01." in text
   assert "`sas_p_adamw_lr0.01`" in text
   assert {p.name for p in tmp_path.iterdir()} == {
