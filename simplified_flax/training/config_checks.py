@@ -14,7 +14,7 @@ from simplified_flax.model import transformer
 from simplified_flax.model.checks import ConfigError, one_of, require
 
 SCHEDULES = ("linear", "cosine", "rsqrt", "constant")
-OPTIMIZERS = ("adamw", "muon")   # training/optimizer.py; kept here so checks import no optax
+OPTIMIZERS = ("adamw", "muon")   # optimizer.name (training/optimizer.py builds each)
 PARALLEL_MODES = ("jit", "pmap")
 TOKENIZERS = ("byte", "sentencepiece")
 

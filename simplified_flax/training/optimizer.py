@@ -24,10 +24,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from simplified_flax.training.config_checks import OPTIMIZERS
+
 DECAYED_LEAVES = ("kernel", "embedding")
 UNDECAYED_LEAVES = ("scale", "bias")
 UNDECAYED_SUFFIX = "_gain"
-OPTIMIZERS = ("adamw", "muon")
 MATRIX_LEAVES = ("kernel",)
 
 
