@@ -62,8 +62,9 @@ def make_config(scale: str, variant: str, optimizer: str, lr: float,
   return report_lib.make_config(variant, s["arg"], overrides)
 
 
-def run_name(variant: str, optimizer: str, lr: float) -> str:
-  return f"{variant}_{optimizer}_lr{lr:g}"
+def run_name(variant: str, optimizer: str, lr: float, steps: int) -> str:
+  """The run's workdir name: every setting that differs between this script's runs."""
+  return f"{variant}_{optimizer}_lr{lr:g}_s{steps}"
 
 
 def kurtosis_summary(history) -> dict:
@@ -156,30 +157,30 @@ def main() -> None:
   done = {}
 
   def run(variant, optimizer, lr):
-    name = run_name(variant, optimizer, lr)
+    """(workdir name, summary or None); each run trains and is measured once."""
+    config = make_config(args.scale, variant, optimizer, lr, args.num_train_steps, extra)
+    name = run_name(variant, optimizer, lr, config.num_train_steps)
     if name not in done:
-      config = make_config(args.scale, variant, optimizer, lr, args.num_train_steps, extra)
       done[name] = train_and_measure(name, config, workdir_root, args.report_only,
                                      {"variant": variant, "optimizer": optimizer,
                                       "learning_rate": lr, "name": name})
-    return done[name]
+    return name, done[name]
 
   sweep = [r for lr in lrs for v in SWEEP_VARIANTS if v in args.variants.split(",")
-           for r in [run(v, "adamw", lr)] if r is not None]
+           for _, r in [run(v, "adamw", lr)] if r is not None]
   lr = args.lr if args.lr is not None else pick_lr(sweep, args.trains_within)
   if lr is None:
     sys.exit("No finished Pre-LN + AdamW sweep run to pick the learning rate from: train "
              "the sweep first or give --lr.")
-  main_runs = [run(v, o, lr) for o in args.optimizers.split(",")
-               for v in args.variants.split(",")]
-  missing = [run_name(v, o, lr) for o in args.optimizers.split(",")
-             for v in args.variants.split(",") if done[run_name(v, o, lr)] is None]
-  main_runs = [r for r in main_runs if r is not None]
+  compared = [run(v, o, lr) for o in args.optimizers.split(",")
+              for v in args.variants.split(",")]
+  missing = [name for name, r in compared if r is None]
+  main_runs = [r for _, r in compared if r is not None]
   command = report_lib.command_line("outlier_features", args, parser,
                                     ("variants", "optimizers", "sweep_lrs", "lr",
                                      "num_train_steps"))
   text = outlier_report.report(main_runs, sweep, lr, args.scale, command, missing, output,
-                               args.trains_within)
+                               args.trains_within, picked=args.lr is None)
   keep = ("name", "variant", "diverged", "optimizer", "learning_rate", "steps", "params",
           "final_eval_loss", "final_train_loss", "train_s", "fp_eval_loss", "w8a8_eval_loss",
           "w8a8_increase", "peak_kurtosis", "final_kurtosis", "peak_max_median",
