@@ -101,6 +101,7 @@ def model_config() -> ml_collections.ConfigDict:
 
 def optimizer_config() -> ml_collections.ConfigDict:
   o = ml_collections.ConfigDict()
+  o.name = "adamw"                   # "adamw" or "muon" (training/optimizer.py; README)
   o.learning_rate = 1e-3
   o.schedule = "linear"              # "linear", "cosine", "rsqrt" or "constant"
   o.warmup_fraction = 0.05
@@ -110,6 +111,8 @@ def optimizer_config() -> ml_collections.ConfigDict:
   o.b2 = 0.999
   o.eps = 1e-8
   o.grad_clip_norm = 1.0
+  o.muon_beta = 0.95                 # muon: Nesterov momentum of the orthogonalised matrices
+  o.muon_rms = 0.2                   # muon: RMS of each matrix update (AdamW-like; same lr)
   return o
 
 

@@ -141,16 +141,18 @@ def plot_curves(series: Mapping[str, Sequence[Mapping[str, float]]], path: str, 
                 x: str = "step", y: str = "loss", eval_y: str | None = "eval_loss",
                 title: str = "", xlabel: str | None = None,
                 ylabel: str = "cross-entropy (nats / token)", styles: Mapping[str, dict] = None,
-                xscale: str = "linear") -> None:
+                xscale: str = "linear", yscale: str = "linear", marker: str | None = None
+                ) -> None:
   """One line per named history (rows with `x` and `y`), eval rows as markers on the same
-  colour. `styles` maps a name to matplotlib keyword arguments (colour, linestyle)."""
+  colour. `styles` maps a name to matplotlib keyword arguments (colour, linestyle); `marker`
+  marks every point of the lines too (e.g. "o" for a few points)."""
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(8, 5))
   for name, history in series.items():
     style = dict((styles or {}).get(name, {}))
     rows = [r for r in history if y in r and x in r]
     line, = ax.plot([r[x] for r in rows], [r[y] for r in rows], label=name, alpha=0.8,
-                    linewidth=1.2, **style)
+                    linewidth=1.2, marker=marker, markersize=4, **style)
     if eval_y:
       # Eval rows carry no elapsed time: place them at their step's train row.
       at = {r["step"]: r[x] for r in rows}
@@ -158,6 +160,7 @@ def plot_curves(series: Mapping[str, Sequence[Mapping[str, float]]], path: str, 
       if evals:
         ax.plot(*zip(*evals), "o", color=line.get_color(), markersize=4)
   ax.set_xscale(xscale)
+  ax.set_yscale(yscale)
   ax.set_xlabel(xlabel or x)
   ax.set_ylabel(ylabel)
   ax.set_title(title)

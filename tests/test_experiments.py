@@ -13,6 +13,7 @@ from test_train_loop import REPO, subprocess_env, write_corpus
 sys.path.insert(0, str(REPO))
 from experiments import baseline_comparison, depth_scaling, report_lib, throughput  # pylint: disable=wrong-import-position
 from experiments import compile_depth  # pylint: disable=wrong-import-position
+from experiments import outlier_features, outlier_report  # pylint: disable=wrong-import-position
 
 
 # ------------------------------------------------------------------------------- report_lib
@@ -94,6 +95,60 @@ def test_throughput_report_from_benchmark_json(tmp_path):
   command = throughput.benchmark_command("paper", ["preln", "sas"], "fused", {})
   assert "--configs=preln,sas" in command and "--config.model.n_layer=18" in command
   assert "--config.model.attention_impl=fused" in command
+
+
+def _outlier_run(variant, optimizer, lr, loss, peak, increase):
+  history = [{"step": s, "kurtosis/layer_0": peak * s / 20, "kurtosis/layer_1": peak * s / 40,
+              "max_median_ratio/layer_0": 3.0, "max_median_ratio/layer_1": 4.0}
+             for s in (10, 20)]
+  return {"variant": variant, "optimizer": optimizer, "learning_rate": lr, "steps": 20,
+          "final_eval_loss": loss, "fp_eval_loss": loss, "w8a8_eval_loss": loss + increase,
+          "w8a8_increase": increase, "train_s": 60.0, "history": history, "batch_size": 4,
+          "eval_steps": 2, "model": {"n_layer": 2, "n_embd": 32, "n_head": 2,
+                                     "context_length": 16},
+          **outlier_features.kurtosis_summary(history)}
+
+
+def test_outlier_features_picks_the_most_kurtotic_rate_that_still_trains():
+  sweep = [_outlier_run("preln", "adamw", 1e-3, 2.0, 1.0, 0.01),
+           _outlier_run("preln", "adamw", 1e-2, 2.2, 4.0, 0.05),
+           _outlier_run("preln", "adamw", 3e-2, 2.9, 9.0, 0.30),     # trains too badly
+           _outlier_run("op", "adamw", 1e-2, 2.1, 0.1, 0.01)]
+  assert outlier_features.pick_lr(sweep, trains_within=0.25) == 1e-2
+  assert outlier_features.pick_lr(sweep, trains_within=1.0) == 3e-2
+  assert outlier_features.pick_lr(sweep[3:], trains_within=1.0) is None
+  summary = sweep[1]
+  assert (summary["peak_kurtosis"], summary["final_kurtosis"]) == (4.0, 4.0)
+  assert summary["kurtosis_max_layer"] == [2.0, 4.0] and summary["peak_max_median"] == 4.0
+
+
+def test_outlier_report_checks_the_papers_ratios_and_plots_each_run(tmp_path):
+  runs = [_outlier_run("preln", "adamw", 1e-2, 2.2, 4.0, 0.06),
+          _outlier_run("op", "adamw", 1e-2, 2.3, 0.5, 0.01),
+          _outlier_run("preln", "muon", 1e-2, 2.25, 1.0, 0.02),
+          {"variant": "op", "optimizer": "muon", "learning_rate": 1e-2, "diverged": True,
+           "final_eval_loss": None}]
+  sweep = runs[:2] + [_outlier_run("preln", "adamw", 1e-3, 2.4, 1.0, 0.01),
+                      _outlier_run("preln", "adamw", 3e-2, 2.9, 9.0, 0.3)]
+  text = outlier_report.report(runs, sweep, 1e-2, "cpu", "cmd", ["sas_p_adamw_lr0.01"],
+                               str(tmp_path), 0.25)
+  assert "Peak kurtosis, Pre-LN / OP (AdamW): **8.0x** (meets the 5x target)" in text
+  assert "**6.0x** (meets the 3x target" in text
+  assert "| OP + Muon | diverged |" in text
+  assert "Pre-LN: Muon's peak kurtosis 1.00 vs AdamW's 4.00 (lower, as" in text
+  assert "1.00 at 0.001, 4.00 at 0.01, 9.00 at 0.03: it grows with every step up" in text
+  assert "Pre-LN + AdamW does not train at 0.03 (eval loss 2.900)" in text
+  assert "| 0.01 | 8.0 | 6.0 | yes | yes |" in text
+  assert "Agrees with the paper: peak kurtosis Pre-LN / OP is 8.0x (target 5x)" in text
+  assert "Does not agree: Pre-LN + AdamW's kurtosis rises over training (2.00 -> 4.00) and OP's " \
+         "rises (0.25 -> 0.50)" in text       # the made-up histories all rise
+  assert "int8 is nearly free" not in text
+  assert "Muon lowers the peak kurtosis of 1 of 1 blocks" in text
+  assert "Both targets are met, with both blocks training, at 0.01." in text
+  assert "`sas_p_adamw_lr0.01`" in text
+  assert {p.name for p in tmp_path.iterdir()} == {
+      "kurtosis_all.png", "kurtosis_preln_adamw.png", "kurtosis_op_adamw.png",
+      "kurtosis_preln_muon.png", "lr_sweep.png"}
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -187,3 +242,27 @@ def test_an_interrupted_run_stops_the_script_with_how_to_resume(tmp_path, monkey
   config = depth_scaling.make_config("cpu", "sas_p", 1, steps=3)
   with pytest.raises(report_lib.RunInterrupted, match="Run the same command again"):
     report_lib.train_run(config, str(tmp_path / "run"))
+
+
+@pytest.mark.slow
+def test_outlier_features_end_to_end_then_reports_without_training(tmp_path):
+  data = write_corpus(tmp_path / "corpus")
+  args = ["--variants=preln,op", "--optimizers=adamw", "--sweep_lrs=1e-3",
+          "--num_train_steps=4"]
+  first = _script("outlier_features", args, tmp_path, data)
+  assert first.returncode == 0, first.stderr[-3000:]
+  result = json.loads((tmp_path / "out" / "results.json").read_text())
+  assert result["learning_rate"] == 1e-3 and result["missing"] == []
+  assert [(r["variant"], r["optimizer"]) for r in result["runs"]] == [("preln", "adamw"),
+                                                                      ("op", "adamw")]
+  for r in result["runs"]:
+    assert r["peak_kurtosis"] >= r["final_kurtosis"] > 0 and len(r["kurtosis_steps"]) == 4
+    assert abs(r["w8a8_eval_loss"] - r["fp_eval_loss"] - r["w8a8_increase"]) < 1e-9
+    assert abs(r["fp_eval_loss"] - r["final_eval_loss"]) < 1e-4   # the loop's own last eval
+  report = (tmp_path / "out" / "report.md").read_text()
+  assert "| Pre-LN + AdamW |" in report and "Peak kurtosis, Pre-LN / OP (AdamW)" in report
+  assert (tmp_path / "out" / "kurtosis_op_adamw.png").exists()
+
+  again = _script("outlier_features", args + ["--report_only"], tmp_path, data)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "Model:" not in again.stdout and "full precision" not in again.stdout

@@ -149,3 +149,56 @@ def test_accumulated_gradient_sums_equal_the_whole_batch():
         sum_grad_fn, w, batch, k)
     np.testing.assert_allclose(grads, whole_grads, rtol=1e-5)
     assert float(sums["n"]) == float(whole_sums["n"]) == 12
+
+
+# ------------------------------------------------------------------------------------------
+# The optimiser choice.
+# ------------------------------------------------------------------------------------------
+def _muon_config(**overrides):
+  return ml_collections.ConfigDict(dict(num_train_steps=10, optimizer=_opt(
+      name="muon", muon_beta=0.95, muon_rms=0.2, schedule="constant", warmup_steps=0,
+      learning_rate=0.5, **overrides)))
+
+
+MUON_PARAMS = {"dense": {"kernel": jnp.ones((8, 16)), "bias": jnp.ones(16)},
+               "wte": {"embedding": jnp.ones((5, 8))}, "g_gain": jnp.ones(())}
+
+
+def test_muon_decays_the_same_leaves_as_adamw():
+  tx = optim.make_optimizer(_muon_config(weight_decay=0.1, grad_clip_norm=0.0))
+  zeros = jax.tree.map(jnp.zeros_like, MUON_PARAMS)
+  updates, _ = tx.update(zeros, tx.init(MUON_PARAMS), MUON_PARAMS)
+  np.testing.assert_allclose(updates["dense"]["kernel"], -0.5 * 0.1 * np.ones((8, 16)))
+  np.testing.assert_allclose(updates["wte"]["embedding"], -0.5 * 0.1 * np.ones((5, 8)))
+  np.testing.assert_array_equal(updates["dense"]["bias"], 0.0)
+  np.testing.assert_array_equal(updates["g_gain"], 0.0)
+
+
+def test_muon_orthogonalises_kernels_and_leaves_the_rest_to_adam():
+  tx = optim.make_optimizer(_muon_config(weight_decay=0.0, grad_clip_norm=0.0))
+  keys = iter(jax.random.split(jax.random.PRNGKey(0), 4))
+  grads = jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape), MUON_PARAMS)
+  updates, _ = tx.update(grads, tx.init(MUON_PARAMS), MUON_PARAMS)
+  singular = np.linalg.svd(np.asarray(updates["dense"]["kernel"]), compute_uv=False)
+  # Newton-Schulz orthogonalises approximately (Muon's quintic maps singular values into
+  # about [0.7, 1.2]): bunched, unlike the gradient's.
+  grad_singular = np.linalg.svd(np.asarray(grads["dense"]["kernel"]), compute_uv=False)
+  assert singular.max() / singular.min() < 1.8 < 3 < grad_singular.max() / grad_singular.min()
+  assert 0.1 < float(jnp.sqrt(jnp.mean(updates["dense"]["kernel"] ** 2))) / 0.5 < 0.25
+  # Adam's first step is lr * sign(g) (up to eps) on every other leaf.
+  np.testing.assert_allclose(updates["wte"]["embedding"],
+                             -0.5 * np.sign(grads["wte"]["embedding"]), rtol=1e-4)
+  assert optim.muon_matrix(("h_0", "mlp", "c_fc", "kernel"), jnp.zeros((2, 3, 4)))  # stacked
+  assert not optim.muon_matrix(("wte", "embedding"), jnp.zeros((3, 4)))
+
+
+def test_unknown_optimizer_is_a_config_error_naming_the_choices():
+  from simplified_flax.training import config_checks  # pylint: disable=import-outside-toplevel
+  config = tiny_config("preln")
+  config.optimizer.name = "sgd"
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"optimizer.name='sgd' is unknown: use one of \['adamw', 'muon'\]"):
+    config_checks.validate_config(config)
+  with pytest.raises(ValueError, match="optimizer.name='sgd' is unknown"):
+    optim.make_optimizer(config)
+  assert optim.optimizer_name(ml_collections.ConfigDict({})) == "adamw"   # older configs

@@ -168,6 +168,18 @@ def test_evaluate_restores_the_latest_checkpoint(trained):
   np.testing.assert_allclose(result["eval_loss"], last_eval["eval_loss"], rtol=1e-6)
 
 
+def test_evaluate_w8a8_prints_the_quantised_loss_beside_the_full_precision_one(trained):
+  result = evaluate.evaluate(str(trained), quantize_scheme="w8a8")
+  full = evaluate.evaluate(str(trained))
+  assert result["eval_loss"] == full["eval_loss"] and result["quantize"] == "w8a8"
+  assert result["quantized_eval_loss"] != result["eval_loss"]        # int8 changed the logits
+  assert abs(result["quantized_loss_increase"]) < 0.05                 # ... but only a little
+  assert result["quantized_loss_increase"] == pytest.approx(
+      result["quantized_eval_loss"] - result["eval_loss"])
+  with pytest.raises(ValueError, match="--quantize='int4' is unknown"):
+    evaluate.evaluate(str(trained), quantize_scheme="int4")
+
+
 @pytest.mark.slow
 def test_evaluate_cli_prints_the_final_eval_loss(trained):
   out = subprocess.run([sys.executable, "-m", "simplified_flax.evaluate", f"--workdir={trained}"],
@@ -178,6 +190,24 @@ def test_evaluate_cli_prints_the_final_eval_loss(trained):
                if "eval_loss" in r][-1]
   assert result["step"] == 6
   np.testing.assert_allclose(result["eval_loss"], last_eval["eval_loss"], rtol=1e-6)
+
+
+def test_muon_run_resumes_exactly(tmp_path, data):
+  """Rewound to its step-2 checkpoint and trained on, a Muon run ends bit for bit where it
+  did straight: parameters, Muon momentum and Adam moments (the AdamW run's resume is
+  test_train_resume.py's)."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  run = {"optimizer.name": "muon", "num_train_steps": 4, "checkpoint_every_steps": 2}
+  final = lambda: ocp.StandardCheckpointer().restore(
+      os.path.join(tmp_path, "run", "checkpoints", "4", "state"))
+  _train(tmp_path / "run", data, **run)
+  straight = final()
+  _train(tmp_path / "run", data, **run, restore_step=2)
+  leaves_a = jax.tree_util.tree_leaves_with_path(straight)
+  leaves_b = jax.tree_util.tree_leaves_with_path(final())
+  assert len(leaves_a) == len(leaves_b) > 2 * len(jax.tree.leaves(straight["params"]))
+  for (path, x), (_, y) in zip(leaves_a, leaves_b):
+    assert np.array_equal(np.asarray(x), np.asarray(y)), jax.tree_util.keystr(path)
 
 
 def test_incompatible_config_refuses_to_resume_naming_the_field(trained, tmp_path):

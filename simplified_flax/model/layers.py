@@ -86,7 +86,19 @@ def linear_form(resid_gain, skip_gain, init_type) -> str:
   return "reparam"
 
 
-class ReparamLinear(nn.Module):
+class Projection(nn.Module):
+  """A module whose matrix product is `project(x, kernel_DF)`: the one place every linear layer
+  (Linear, ReparamLinear, the tied head) multiplies by its weight, so that an evaluation can
+  rewrite all of them from outside (model/quantize.py, a Flax method interceptor). Subclasses
+  define `dtype` and `grad_rules`."""
+
+  def project(self, x_BTD, kernel_DF):
+    """x [.., D] @ kernel [D, F] in the compute dtype."""
+    matmul = grad_rules_lib.matmul(self.grad_rules)
+    return matmul(x_BTD.astype(self.dtype), kernel_DF.astype(self.dtype))
+
+
+class ReparamLinear(Projection):
   """Value / output projection (He & Hofmann 2024, Sec. 4.2), [.., D] -> [.., D], no bias.
 
   * identity: no parameters;
@@ -114,12 +126,10 @@ class ReparamLinear(nn.Module):
     w_DD = self.param("kernel", normal_init(self.init_std or 0.0), (D, D), jnp.float32)
     resid = gain(self, "resid_gain", self.resid_gain, self.trainable_gains)
     skip = gain(self, "skip_gain", self.skip_gain, self.trainable_gains)
-    weight_DD = resid * w_DD + skip * anchor_DD
-    matmul = grad_rules_lib.matmul(self.grad_rules)
-    return matmul(x_BTD.astype(self.dtype), weight_DD.astype(self.dtype))
+    return self.project(x_BTD, resid * w_DD + skip * anchor_DD)
 
 
-class Linear(nn.Module):
+class Linear(Projection):
   """`x @ kernel (+ bias)`: `nn.Dense`'s parameters (`kernel` [D, F] float32, `bias` zeros)
   and numerics, computed in `dtype`; `grad_rules` may give it a faster kernel gradient on CPU."""
   features: int
@@ -132,12 +142,25 @@ class Linear(nn.Module):
   def __call__(self, x_BTD):
     kernel_DF = self.param("kernel", self.kernel_init, (x_BTD.shape[-1], self.features),
                            jnp.float32)
-    matmul = grad_rules_lib.matmul(self.grad_rules)
-    y_BTF = matmul(x_BTD.astype(self.dtype), kernel_DF.astype(self.dtype))
+    y_BTF = self.project(x_BTD, kernel_DF)
     if self.use_bias:
       bias_F = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
       y_BTF = y_BTF + bias_F.astype(self.dtype)
     return y_BTF
+
+
+class TiedHead(Projection):
+  """The LM head tied to the token embedding: x [B, T, D] @ embedding^T -> float32 logits
+  [B, T, V] (float32 accumulation for a stable softmax cross-entropy). No parameters."""
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BTD, embedding_VD):
+    return self.project(x_BTD, embedding_VD.T)
+
+  def project(self, x_BTD, kernel_DF):
+    return jnp.einsum("btd,dv->btv", x_BTD.astype(self.dtype), kernel_DF.astype(self.dtype),
+                      preferred_element_type=jnp.float32)
 
 
 def activation_fn(name: str, lrelu_neg_slope: float) -> Callable:

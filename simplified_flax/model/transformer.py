@@ -91,14 +91,12 @@ class Transformer(nn.Module):
     x_BTD = nn.LayerNorm(epsilon=m.norm_eps, dtype=self.dtype, name="ln_f")(x_BTD)
     if return_hidden:
       return x_BTD
-    # Tied head; float32 logits for a stable softmax cross-entropy. With vocab_pad_multiple
-    # the matmul runs on a zero-padded table and the padded columns are cut off again, so no
-    # caller (loss, sampling, metrics) ever sees them.
-    table_VD = wte.embedding.astype(self.dtype)
+    # Tied head (layers.TiedHead: float32 logits for a stable softmax cross-entropy). With
+    # vocab_pad_multiple the matmul runs on a zero-padded table and the padded columns are cut
+    # off again, so no caller (loss, sampling, metrics) ever sees them.
     padded = multiple_of(m.vocab_size, m.get("vocab_pad_multiple", 1))
-    table_VD = jnp.pad(table_VD, ((0, padded - m.vocab_size), (0, 0)))
-    logits_BTV = jnp.einsum("btd,vd->btv", x_BTD, table_VD, preferred_element_type=jnp.float32)
-    return logits_BTV[..., :m.vocab_size]
+    table_VD = jnp.pad(wte.embedding, ((0, padded - m.vocab_size), (0, 0)))
+    return layers.TiedHead(self.dtype, name="head")(x_BTD, table_VD)[..., :m.vocab_size]
 
   def _advance_cache(self, B, T, *, lengths, segment_ids, key_mask, train):
     """(cache index [B] where this chunk starts, lengths [B]); moves the index past the chunk."""

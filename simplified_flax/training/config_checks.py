@@ -14,6 +14,7 @@ from simplified_flax.model import transformer
 from simplified_flax.model.checks import ConfigError, one_of, require
 
 SCHEDULES = ("linear", "cosine", "rsqrt", "constant")
+OPTIMIZERS = ("adamw", "muon")   # optimizer.name (training/optimizer.py builds each)
 PARALLEL_MODES = ("jit", "pmap")
 TOKENIZERS = ("byte", "sentencepiece")
 
@@ -117,6 +118,7 @@ def parallel_rules(config) -> None:
 
 def _optimizer_rules(config) -> None:
   o = config.optimizer
+  one_of(o.get("name", "adamw"), OPTIMIZERS, "optimizer.name")
   one_of(o.schedule, SCHEDULES, "optimizer.schedule")
   require(0 <= o.warmup_fraction <= 1,
           f"optimizer.warmup_fraction={o.warmup_fraction} must be in [0, 1].")
@@ -130,6 +132,10 @@ def _optimizer_rules(config) -> None:
   _in_range(config, "optimizer.b1", 0, 1, high_open=True)
   _in_range(config, "optimizer.b2", 0, 1, high_open=True)
   require(_is_number(o.eps) and o.eps > 0, f"optimizer.eps={o.eps!r} must be positive.")
+  if o.get("name", "adamw") == "muon":
+    _in_range(config, "optimizer.muon_beta", 0, 1, high_open=True)
+    require(_is_number(o.muon_rms) and o.muon_rms > 0,
+            f"optimizer.muon_rms={o.muon_rms!r} must be a positive number.")
   require(_is_number(o.grad_clip_norm) and o.grad_clip_norm >= 0,
           f"optimizer.grad_clip_norm={o.grad_clip_norm!r} must be >= 0 (0: no clipping).")
 

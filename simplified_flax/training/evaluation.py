@@ -1,5 +1,6 @@
 """Evaluation of a state and read-only access to a training run's workdir (its saved config and
 checkpoints), safe while the run is still writing there."""
+import dataclasses
 import json
 import math
 from typing import Callable, Iterable
@@ -11,6 +12,7 @@ import ml_collections
 from simplified_flax.training import checkpoints as checkpoint
 from simplified_flax.training import mlm_metrics
 from simplified_flax.training import placement as parallel
+from simplified_flax.model import quantize
 from simplified_flax.model.parameters import parameter_shapes
 from simplified_flax.training.step import create_train_state, eval_step
 
@@ -72,10 +74,27 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
   return restored
 
 
+def _full_logits(step_fn: Callable) -> Callable:
+  """`step_fn(state, batch, ...)` with the loss read from the model's full logits."""
+  def on_full_logits(state, batch, *args, **kwargs):
+    full = state.replace(spec=dataclasses.replace(state.spec, head=None))
+    return step_fn(full, batch, *args, **kwargs)
+  return on_full_logits
+
+
 def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None,
-             step: int | None = None) -> dict:
+             step: int | None = None, quantize_scheme: str | None = None) -> dict:
   """Restores the latest good checkpoint of `workdir` (or checkpoint `step`) and evaluates it
-  on the eval split."""
+  on the eval split.
+
+  `quantize_scheme` ("w8", "a8" or "w8a8"; model/quantize.py) evaluates the same batches a
+  second time with the linear layers fake-quantised to int8, adding `quantize`,
+  `quantized_eval_loss` and `quantized_loss_increase` (quantised minus full precision). Both
+  evaluations then score the model's full logits, so that the tied head is quantised as well
+  (the chunked loss multiplies by the embedding itself, out of the quantiser's reach) and the
+  increase compares like with like.
+  """
+  quantize.parse_scheme(quantize_scheme)   # a bad scheme fails before anything is read
   config = load_config(workdir)
   if pipeline is None:
     from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
@@ -85,7 +104,16 @@ def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None,
   target = placement.restore_target(abstract)
   restored = restore_read_only(workdir, config, target, step=step)
   state = placement.shard_state(restored.state)
-  eval_fn = placement.compile_step(eval_step, abstract, returns_state=False)
-  result = run_eval(eval_fn, state, pipeline.eval_batches(eval_steps or config.eval_steps),
-                    placement)
-  return {"step": restored.step, **result}
+  num_batches = eval_steps or config.eval_steps
+  quantizing = quantize.parse_scheme(quantize_scheme) != (False, False)
+  step_fn = _full_logits(eval_step) if quantizing else eval_step
+  eval_fn = placement.compile_step(step_fn, abstract, returns_state=False)
+  result = {"step": restored.step,
+            **run_eval(eval_fn, state, pipeline.eval_batches(num_batches), placement)}
+  if quantizing:
+    quantized_fn = placement.compile_step(quantize.quantized(step_fn, quantize_scheme),
+                                          abstract, returns_state=False)
+    quantized = run_eval(quantized_fn, state, pipeline.eval_batches(num_batches), placement)
+    result.update(quantize=quantize_scheme, quantized_eval_loss=quantized["eval_loss"],
+                  quantized_loss_increase=quantized["eval_loss"] - result["eval_loss"])
+  return result

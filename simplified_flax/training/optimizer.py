@@ -1,7 +1,18 @@
-"""The paper's optimiser (docs/model.md, "Training settings"), built from the config by small
-pure functions.
+"""The optimisers (docs/model.md, "Training settings"), built from the config by small pure
+functions.
 
-    tx = make_optimizer(config)      # clip_by_global_norm -> AdamW(schedule, decay_mask)
+    tx = make_optimizer(config)      # clip_by_global_norm -> `optimizer.name` (schedule, mask)
+
+`optimizer.name` picks the update direction; everything around it is shared:
+  adamw  the paper's AdamW (diagonal preconditioner), the default;
+  muon   Muon (`optax.contrib.scale_by_muon`): momentum whose every weight matrix (a leaf named
+         `kernel` with >= 2 axes; its last two axes are [fan_in, fan_out], leading axes are
+         stacked matrices) is orthogonalised by Newton-Schulz iterations, a non-diagonal
+         (Shampoo-like, without accumulation) preconditioner. Its update is rescaled to
+         AdamW's RMS (`optimizer.muon_rms`, 0.2) so that one learning rate serves both.
+         Embeddings (also the tied head), norms and gains keep the AdamW direction.
+Both use the same clipping, schedule and weight-decay mask, with decay applied as AdamW does
+(`-lr * (direction + weight_decay * param)` on the decayed leaves).
 
 Master weights stay float32 whatever `config.dtype` computes in: the model casts them to the
 compute dtype inside `apply`, and the gradients and optimiser state are float32.
@@ -13,9 +24,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from simplified_flax.training.config_checks import OPTIMIZERS
+
 DECAYED_LEAVES = ("kernel", "embedding")
 UNDECAYED_LEAVES = ("scale", "bias")
 UNDECAYED_SUFFIX = "_gain"
+MATRIX_LEAVES = ("kernel",)
 
 
 # ------------------------------------------------------------------ learning-rate schedules
@@ -89,14 +103,73 @@ def decay_mask(params) -> Any:
 
 # ---------------------------------------------------------------------------- the optimiser
 
+def optimizer_name(opt_config) -> str:
+  """`optimizer.name`; "adamw" for configs saved before the field existed."""
+  return opt_config.get("name", "adamw")
+
+
+def muon_matrix(path: tuple[str, ...], leaf) -> bool:
+  """Whether Muon orthogonalises the leaf at `path`: a weight matrix (or a stack of them)."""
+  return path[-1] in MATRIX_LEAVES and getattr(leaf, "ndim", 0) >= 2
+
+
+def _leaf_names(path) -> tuple[str, ...]:
+  return tuple(jax.tree_util.keystr((k,), simple=True) for k in path)
+
+
+def _muon_labels(params):
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: "muon" if muon_matrix(_leaf_names(path), x) else "adam", params)
+
+
+def _muon_dimension_numbers(params):
+  """Reduction / output axes of every Muon leaf; `params` holds MaskedNode elsewhere (how
+  `optax.partition` hands a transformation its own leaves only)."""
+  masked = lambda x: isinstance(x, optax.MaskedNode)
+  return jax.tree.map(
+      lambda x: x if masked(x) else optax.contrib.MuonDimensionNumbers(x.ndim - 2, x.ndim - 1),
+      params, is_leaf=masked)
+
+
+def scale_to_rms(rms: float) -> optax.GradientTransformation:
+  """Multiplies each orthogonalised [.., fan_in, fan_out] update by sqrt(max(fan_in, fan_out))
+  * rms: an orthogonal matrix's entries have RMS 1/sqrt(max(fan_in, fan_out)), so the update's
+  RMS becomes `rms`, as AdamW's roughly is (Liu et al. 2025, "Muon is scalable")."""
+  def scale(updates, params=None):
+    del params
+    return jax.tree.map(lambda u: u * (max(u.shape[-2:]) ** 0.5 * rms), updates)
+  return optax.stateless(scale)
+
+
+def muon(o, learning_rate: optax.Schedule) -> optax.GradientTransformation:
+  """Muon on the matrices, AdamW on the rest; masked decoupled decay on both (as AdamW's)."""
+  matrices = optax.chain(
+      optax.contrib.scale_by_muon(beta=o.get("muon_beta", 0.95), nesterov=True,
+                                  weight_dimension_numbers=_muon_dimension_numbers),
+      scale_to_rms(o.get("muon_rms", 0.2)))
+  direction = optax.partition(
+      {"muon": matrices, "adam": optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps)},
+      _muon_labels)
+  return optax.chain(direction, optax.add_decayed_weights(o.weight_decay, mask=decay_mask),
+                     optax.scale_by_learning_rate(learning_rate))
+
+
 def make_optimizer(config) -> optax.GradientTransformation:
-  """Global-norm clipping (when `optimizer.grad_clip_norm` > 0), then masked AdamW."""
+  """Global-norm clipping (when `optimizer.grad_clip_norm` > 0), then `optimizer.name`: masked
+  AdamW, or Muon with the same schedule and decay mask."""
   o = config.optimizer
-  adamw = optax.adamw(make_schedule(o, config.num_train_steps), b1=o.b1, b2=o.b2, eps=o.eps,
-                      weight_decay=o.weight_decay, mask=decay_mask)
+  name = optimizer_name(o)
+  schedule = make_schedule(o, config.num_train_steps)
+  if name == "adamw":
+    tx = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+                     mask=decay_mask)
+  elif name == "muon":
+    tx = muon(o, schedule)
+  else:
+    raise ValueError(f"optimizer.name={name!r} is unknown: use one of {list(OPTIMIZERS)}.")
   if o.grad_clip_norm and o.grad_clip_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), adamw)
-  return adamw
+    return optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
+  return tx
 
 
 # -------------------------------------------------------------------- gradient accumulation
