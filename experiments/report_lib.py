@@ -144,15 +144,15 @@ def plot_curves(series: Mapping[str, Sequence[Mapping[str, float]]], path: str, 
                 xscale: str = "linear", yscale: str = "linear", marker: str | None = None
                 ) -> None:
   """One line per named history (rows with `x` and `y`), eval rows as markers on the same
-  colour. `styles` maps a name to matplotlib keyword arguments (colour, linestyle); `marker`
-  marks every point of the lines too (e.g. "o" for a few points)."""
+  colour. `styles` maps a name to matplotlib keyword arguments (colour, linestyle, a marker of
+  its own); `marker` marks every point of the other lines too (e.g. "o" for a few points)."""
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(8, 5))
   for name, history in series.items():
-    style = dict((styles or {}).get(name, {}))
+    style = {"marker": marker, "markersize": 4, **(styles or {}).get(name, {})}
     rows = [r for r in history if y in r and x in r]
     line, = ax.plot([r[x] for r in rows], [r[y] for r in rows], label=name, alpha=0.8,
-                    linewidth=1.2, marker=marker, markersize=4, **style)
+                    linewidth=1.2, **style)
     if eval_y:
       # Eval rows carry no elapsed time: place them at their step's train row.
       at = {r["step"]: r[x] for r in rows}
