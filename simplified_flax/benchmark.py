@@ -9,9 +9,9 @@ Configs are variant files of `configs/` (`name` or `name:arg`); every `--config.
 applies to each of them, after BENCH_SHAPE (the paper's width, 6 layers, batch 8, the byte
 vocabulary: a few minutes on a CPU; `--config.model.vocab_size=50257` for GPT-2's).
 
-What is timed: `train_step.train_step` (forward, backward, clipping, AdamW) jitted with the
-state donated, on one fixed batch of random tokens, compiled ahead of time (compile seconds
-are reported apart) and run once before timing. Each round runs `--steps` steps of every
+What is timed: `train_step` of training/step.py (forward, backward, clipping, AdamW) jitted
+with the state donated, on one fixed batch of random tokens, compiled ahead of time (compile
+seconds are reported apart) and run once before timing. Each round runs `--steps` steps of every
 config in turn, then times one [n, n] `jnp.dot` in the compute dtype: the matmul peak this
 machine reaches right now. Machine drift hits every config and the peak alike; figures are
 medians over rounds, and the table's ratios (`speedup_paired`) are medians of the ratios

@@ -1,5 +1,5 @@
 """Every rule of the whole-config check fails before anything is built or written: the
-workdir stays absent, no tokenizer is trained, no dataset prepared (issue 13, items 2-3)."""
+workdir stays absent, no tokenizer is trained, no dataset prepared."""
 import pytest
 
 import configs

@@ -1,5 +1,5 @@
 """A lost process of a two-process run ends the survivor within 30 s, with one line naming
-it (issue 13, item 5; README, "Errors")."""
+it (README, "Errors and exit statuses")."""
 import signal
 import time
 

@@ -1,5 +1,5 @@
 """A way back from divergence: a sparse checkpoint trail, the non-finite error naming the kept
-steps and the command, and `restore_step` setting later steps aside (issue 13, item 4)."""
+steps and the command, and `restore_step` setting later steps aside (README, "Resuming")."""
 import collections
 import os
 

@@ -1,15 +1,16 @@
 """Shaped attention (He & Hofmann 2024, Sec. 4.1; docs/model.md, "Attention") as pure functions:
 
-    A' = alpha * I + beta * A - gamma * C,       A = softmax(q k^T / sqrt(d) + mask),
+    A' = alpha * I + beta * A - gamma * C,       A = softmax(q k^T / sqrt(d) + mask)
 
-with per-head gains alpha = `skip_gain` (on I), beta = `resid_gain` (on A), gamma =
-`centre_gain` (on C); a None alpha or gamma omits its term (plain attention). C is the value
-A takes when every logit is zero, i.e. the row-normalised mask, whatever the mask is (causal,
-padded, packed, offset queries: masks.py). Two exact forms:
+(docs/model.md, Eqs. (4) and (3)), with per-head gains alpha = `skip_gain` (on I), beta =
+`resid_gain` (on A), gamma = `centre_gain` (on C); a None alpha or gamma omits its term (plain
+attention). C is the value A takes when every logit is zero, i.e. the row-normalised mask
+(Eq. (5)), whatever the mask is (causal, padded, packed, offset queries: masks.py). Two exact
+forms:
   * `impl="explicit"` forms A' as a [B, H, Q, K] matrix (and can return A for diagnostics);
-  * `impl="fused"` never forms C: `A' v = beta * (A v) + alpha * v - gamma * (C v)`, with
-    `A v` from `jax.nn.dot_product_attention` and `C v` a (segment-wise) cumulative mean
-    (causal) or masked mean (bidirectional), O(T * D).
+  * `impl="fused"` never forms C: `A' v = beta * (A v) + alpha * v - gamma * (C v)`
+    (Eq. (6)), with `A v` from `jax.nn.dot_product_attention` and `C v` a (segment-wise)
+    cumulative mean (causal) or masked mean (bidirectional), O(T * D).
 Layout: q [B, Q, H, d], k and v [B, K, H, d] (that of `jax.nn.dot_product_attention`), gains
 [H]. The speed-only gradient rule of the explicit form lives in grad_rules.py.
 """
@@ -29,26 +30,30 @@ IMPLS = ("explicit", "fused")
 # ------------------------------------------------------------------------ centering matrices
 
 def centering_matrix_from_mask(mask) -> jax.Array:
-  """C = the mask with each row normalised to sum 1 (rows with no visible key are 0)."""
+  """C = the mask with each row normalised to sum 1 (rows with no visible key are 0);
+  docs/model.md, Eq. (5)."""
   mask = mask.astype(jnp.float32)
   return mask / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
 
 
 def causal_centering_matrix(length: int, *, query_offset: int = 0, num_queries=None):
-  """[Q, T]: C[i, j] = 1 / (p + 1) for j <= p, p = query_offset + i the absolute position."""
+  """[Q, T]: C[i, j] = 1 / (p + 1) for j <= p, p = query_offset + i the absolute position
+  (Eq. (5), causal mask)."""
   mask = masks.attention_mask(length if num_queries is None else num_queries, length,
                               causal=True, query_offset=query_offset)
   return centering_matrix_from_mask(mask)[0, 0]
 
 
 def bidirectional_centering_matrix(key_mask_BT) -> jax.Array:
-  """[B, T, T]: every row is 1/n on the n real (non-padding) keys of its sequence."""
+  """[B, T, T]: every row is 1/n on the n real (non-padding) keys of its sequence (Eq. (5),
+  bidirectional mask)."""
   no_segments_BT = jnp.zeros(key_mask_BT.shape, jnp.int32)
   return packed_centering_matrix(no_segments_BT, causal=False, key_mask_BT=key_mask_BT)
 
 
 def packed_centering_matrix(segment_ids_BT, *, causal: bool, key_mask_BT=None) -> jax.Array:
-  """[B, T, T]: block diagonal, each block the causal or bidirectional C of its own segment."""
+  """[B, T, T]: block diagonal, each block the causal or bidirectional C of its own segment
+  (Eq. (5), packed mask)."""
   T = segment_ids_BT.shape[1]
   mask = masks.attention_mask(T, T, causal=causal, key_mask=key_mask_BT,
                               segment_ids=segment_ids_BT)
@@ -58,7 +63,8 @@ def packed_centering_matrix(segment_ids_BT, *, causal: bool, key_mask_BT=None) -
 # ---------------------------------------------------------------------- the explicit form: A'
 
 def attention_logits(q_BQHd, k_BKHd, *, logit_soft_cap=None) -> jax.Array:
-  """float32 [B, H, Q, K] = q k^T / sqrt(d), optionally soft-capped cap*tanh(x/cap)."""
+  """float32 [B, H, Q, K] = q k^T / sqrt(d), optionally soft-capped cap*tanh(x/cap): the
+  logits of docs/model.md, Eq. (3), before the mask."""
   scale = q_BQHd.shape[-1] ** -0.5
   logits_BHQK = jnp.einsum("bqhd,bkhd->bhqk", q_BQHd, k_BKHd,
                            preferred_element_type=jnp.float32) * scale
@@ -69,6 +75,7 @@ def attention_logits(q_BQHd, k_BKHd, *, logit_soft_cap=None) -> jax.Array:
 
 def shape_attention_matrix(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK):
   """(A', A = softmax(logits)), both [B, H, Q, K]; gains [H] or None (term omitted).
+  docs/model.md, Eqs. (3) and (4).
 
   `eye_QK` (I) and `centre_QK` (C) broadcast against the logits.
   """
@@ -89,7 +96,8 @@ _fast_shape_attention_matrix = grad_rules.fast_gain_gradients(shape_attention_ma
 
 def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, key_mask=None,
                    segment_ids=None) -> jax.Array:
-  """C v without forming C: [B, Q, H, d], computed in float32 in O(T * H * d)."""
+  """C v without forming C: [B, Q, H, d], computed in float32 in O(T * H * d) (the C v term
+  of docs/model.md, Eq. (6))."""
   B, T = v_BKHd.shape[:2]
   valid_BT = jnp.ones((B, T), jnp.float32) if key_mask is None else key_mask.astype(jnp.float32)
   v_BKHd = v_BKHd.astype(jnp.float32) * valid_BT[:, :, None, None]
@@ -113,9 +121,10 @@ def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, ke
 
 
 def combine_fused_terms(attended_BQHd, resid, skip, v_self_BQHd, centre, centred_BQHd):
-  """`resid * (A v) + skip * v_self - centre * (C v)` [B, Q, H, d]: the fused form's sum (and
-  the KV cache's), in float32 in this order, cast to attended's (v's) dtype. Gains [H] or
-  scalars; None omits a term. `v_self` is v at the query positions (what I picks)."""
+  """`resid * (A v) + skip * v_self - centre * (C v)` [B, Q, H, d]: the fused form's sum
+  (docs/model.md, Eq. (6); also the KV cache's), in float32 in this order, cast to
+  attended's (v's) dtype. Gains [H] or scalars; None omits a term. `v_self` is v at the
+  query positions (what I picks)."""
   gain = lambda g: jnp.asarray(g, jnp.float32).reshape(-1, 1)   # [H] -> broadcast over [.., H, d]
   out_BQHd = gain(resid) * attended_BQHd.astype(jnp.float32)
   if skip is not None:

@@ -32,7 +32,8 @@ def _qk_kernel_init(m):
 
 
 class AttentionSubBlock(nn.Module):
-  """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (paper Sec. 4.1).
+  """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (paper Sec. 4.1;
+  docs/model.md, Eqs. (3)-(7)).
 
   alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain (per head).
 
@@ -124,7 +125,8 @@ class AttentionSubBlock(nn.Module):
 
 
 class Block(nn.Module):
-  """One block, sequential or parallel (docs/model.md, "The block"), x [B, T, D] -> [B, T, D].
+  """One block, sequential or parallel (docs/model.md, Eqs. (1) and (2)), x [B, T, D] ->
+  [B, T, D].
 
   The parallel form reads only `norm1`; `norm2` is still created there, as in the authors'
   code, so that parameter counts and converted checkpoints line up with theirs.
@@ -155,7 +157,7 @@ class Block(nn.Module):
                              m.trainable_attn_block_gains)
     mlp_resid = layers.gain(self, "mlp_block_resid_gain", m.mlp_block_resid_gain,
                             m.trainable_mlp_block_gains)
-    if m.parallel_layers:
+    if m.parallel_layers:   # docs/model.md, Eq. (2)
       h_BTD = norm1(x_BTD)
       if m.norm_type != "none":
         norm2(h_BTD)   # created, unread: see the class docstring
@@ -164,6 +166,7 @@ class Block(nn.Module):
         out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD
       return out_BTD.astype(self.dtype)
 
+    # Sequential, docs/model.md, Eq. (1).
     x_BTD = self._sub_block(x_BTD, norm=norm1, branch=attn_fn, resid_gain=attn_resid,
                             skip_name="attn_block_skip_gain", skip_value=m.attn_block_skip_gain,
                             trainable=m.trainable_attn_block_gains)
@@ -172,7 +175,8 @@ class Block(nn.Module):
                            trainable=m.trainable_mlp_block_gains)
 
   def _sub_block(self, x_BTD, *, norm, branch, resid_gain, skip_name, skip_value, trainable):
-    """`resid_gain * branch(norm(x)) + skip * x`, with the norm placed per norm_position."""
+    """`resid_gain * branch(norm(x)) + skip * x` (one line of Eq. (1)), with the norm placed
+    per norm_position."""
     if self.cfg.norm_position == "post":
       x_BTD = norm(x_BTD)
     h_BTD = norm(x_BTD) if self.cfg.norm_position == "pre" else x_BTD

@@ -1,6 +1,6 @@
 """Generation with a key/value cache: prefill, one-token steps, sampling filters, the loop.
 
-    model = models.build_model(config.model)
+    model = transformer.build_model(config.model)
     prompts_BT, lengths_B = decode.pad_prompts([tok.encode(p) for p in texts], tok.pad_id)
     out = decode.generate(model, variables, prompts_BT, lengths_B, jax.random.key(0),
                           max_new_tokens=64, sampling=decode.Sampling(temperature=0.8, top_p=0.95),

@@ -1,5 +1,5 @@
 """Shaped attention against a key/value cache, for incremental decoding (docs/model.md,
-"The centering matrix C" and "The fused form").
+"The centering matrix C" and "The fused form", Eqs. (5) and (6)).
 
 Layout: row b of a cache holds its own sequence at its absolute positions, slots
 0 .. index[b]-1; a chunk of Tq new tokens is written at index[b] .. index[b]+Tq-1, and only
@@ -51,6 +51,7 @@ def write(cache_BHKd, new_BQHd, index_B) -> jax.Array:
 
 def running_centred_values(sum_BHd, v_BQHd, index_B, lengths_B):
   """(C v at each new query, float32 [B, Q, H, d]; the running sum after the real tokens).
+  The C v term of docs/model.md, Eq. (6), for causal C.
 
   `sum_BHd` is the sum of the row's values at positions 0 .. index[b]-1.
   """

@@ -67,7 +67,8 @@ def kernel_init(init_type: str, std: Optional[float] = None):
 
 
 def anchor_matrix(key, init_type: str, dim: int) -> jax.Array:
-  """The fixed W0 of a reparameterised linear: identity, random orthogonal or N(0, 1/D)."""
+  """The fixed W0 of a reparameterised linear (Eq. (7)): identity, random orthogonal or
+  N(0, 1/D)."""
   if init_type == "id":
     return jnp.eye(dim, dtype=jnp.float32)
   if init_type == "orth":
@@ -103,8 +104,9 @@ class ReparamLinear(Projection):
 
   * identity: no parameters;
   * plain: `x @ W`, W initialised by `init_type` (or N(0, init_std));
-  * reparam: `x @ (resid_gain * W + skip_gain * W0)`, W trainable and zero at init (or
-    N(0, init_std)), W0 the fixed `anchor` passed in (it lives in the `constants` collection).
+  * reparam: `x @ (resid_gain * W + skip_gain * W0)`, the W_eff of docs/model.md, Eq. (7);
+    W trainable and zero at init (or N(0, init_std)), W0 the fixed `anchor` passed in (it
+    lives in the `constants` collection).
   """
   resid_gain: float
   skip_gain: Optional[float]

@@ -1,5 +1,5 @@
 """Per-layer Value / Proj settings and their fixed anchor matrices W0 (docs/model.md, "Value
-and Proj").
+and Proj", the W0 of Eq. (7)).
 
 The anchors are drawn once, at init, by `anchor_matrices` for the whole stack, because
 `tie_valproj_init` couples them across modules and across layers:

@@ -8,7 +8,8 @@ functions over arrays.
 
 Per layer hidden state x [B, T, D] (the block's output, sown as "hidden"): centre every token
 over D, let r be the rms of all entries and z = x / r as [N, D] (N = B*T). Then
-  * kurtosis          var_D(s) with s = diag(z^T z / N): the per-neuron mean square. mean(s) is
+  * kurtosis          var_D(s) (docs/model.md, Eq. (8)) with s = diag(z^T z / N): the
+                      per-neuron mean square. mean(s) is
                       1 by construction, so this is zero iff every neuron carries the same
                       energy and grows with outlier features (kurtosis - 1 of the neuron RMS);
   * feature_corr_rms  rms of the off-diagonal entries of z^T z / N  [D, D];
@@ -59,7 +60,8 @@ def feature_gram(z_ND: jax.Array) -> jax.Array:
 
 
 def kurtosis(x_BTD: jax.Array) -> jax.Array:
-  """var over neurons of s = diag(z^T z / N); 0 iff every neuron has the same mean square."""
+  """var over neurons of s = diag(z^T z / N) (docs/model.md, Eq. (8)); 0 iff every neuron has
+  the same mean square."""
   s_D = jnp.mean(jnp.square(normalised_features(x_BTD)), axis=0)
   return jnp.var(s_D)
 
