@@ -1,6 +1,6 @@
 """SAS-P: SAS in the parallel layout, with no skip connection at all.
 
-Train (CPU-sized, about 10 minutes on 2 idle cores; eval loss about 1.78 after its 1,000 steps):
+Train (CPU-sized, about 5 minutes on 2 idle cores; eval loss about 1.78 after its 1,000 steps):
     python -m simplified_flax.train --config=sas_p:cpu --workdir=/tmp/sas_p
 Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator host:
     python -m simplified_flax.train --config=configs/sas_p.py --workdir=/tmp/sas_p
