@@ -16,16 +16,16 @@ import jax
 
 from simplified_flax import storage
 from simplified_flax.data.prefetch import Prefetcher
-from simplified_flax.training import checkpoints as checkpoint
-from simplified_flax.training import config_checks
-from simplified_flax.training import data_preflight
-from simplified_flax.training import metrics_io
-from simplified_flax.training import nonfinite
+from simplified_flax.runs import checkpoints
+from simplified_flax.runs import config_checks
+from simplified_flax.runs import data_preflight
+from simplified_flax.runs import metrics_io
+from simplified_flax.runs import nonfinite
 from simplified_flax.training import placement as parallel
-from simplified_flax.training import resume_changes
-from simplified_flax.training import rewind
-from simplified_flax.training import workdir_lock
-from simplified_flax.training.nonfinite import NonFiniteLossError
+from simplified_flax.runs import resume_changes
+from simplified_flax.runs import rewind
+from simplified_flax.runs import workdir_lock
+from simplified_flax.runs.nonfinite import NonFiniteLossError
 from simplified_flax.training.evaluation import CONFIG_FILE, run_eval
 from simplified_flax.model.parameters import parameter_shapes, size
 from simplified_flax.model.transformer import build_model
@@ -82,8 +82,8 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   set from the pipeline's tokenizer when None. The whole config is checked first (ConfigError,
   nothing written); then the workdir is locked for the run (WorkdirLockedError while another
   live run holds it). Raises NonFiniteLossError naming the step of a NaN/inf loss, the kept
-  checkpoints and the command to rewind to one (`config.restore_step`, see training/rewind.py),
-  and checkpoint.IncompatibleCheckpointError when the workdir's checkpoints have other
+  checkpoints and the command to rewind to one (`config.restore_step`, see runs/rewind.py),
+  and checkpoints.IncompatibleCheckpointError when the workdir's checkpoints have other
   parameter shapes.
   """
   config_checks.validate_run_config(config, jax.device_count())
@@ -119,13 +119,13 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   # ----------------------------------------------------------------------------------------
   # Checkpoint: resume from the latest good one.
   # ----------------------------------------------------------------------------------------
-  manager = checkpoint.make_manager(workdir, config.max_to_keep, config.checkpoint_every_steps,
+  manager = checkpoints.make_manager(workdir, config.max_to_keep, config.checkpoint_every_steps,
                                     keep_every_steps=config.keep_every_steps)
   abstract_state = jax.eval_shape(lambda s: s, state)
   rewind_to, later_steps = rewind.plan(manager, config.restore_step)
   restored = None
   if rewind_to != 0:   # 0: start over, so nothing to restore
-    restored = checkpoint.restore_latest(manager, placement.restore_target(abstract_state),
+    restored = checkpoints.restore_latest(manager, placement.restore_target(abstract_state),
                                          config_dict, parameter_shapes, workdir, step=rewind_to)
   if rewind_to is not None:   # only once the step to rewind to has read back intact
     rewind.set_aside(workdir, manager, rewind_to, later_steps)
@@ -233,7 +233,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
       if save_now:
         with progress.paused():
           writer.flush()   # the history up to a checkpoint outlives a kill (remote: rewritten)
-          checkpoint.save(manager, step, placement.host_state(state), data_state, config_dict,
+          checkpoints.save(manager, step, placement.host_state(state), data_state, config_dict,
                           {"elapsed_s": progress.elapsed()})
       if preempted:
         _console(f"Stop requested: saved the checkpoint of step {step}; exiting.")
