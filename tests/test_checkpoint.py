@@ -67,7 +67,7 @@ def test_only_fields_that_change_parameter_shapes_are_named():
   fields = checkpoints.shape_changing_fields(saved, new, param_shapes)
   assert fields == ["model.n_embd", "model.vocab_size"]
   assert checkpoints.shape_changing_fields(saved, _config_dict(dropout_rate=0.1),
-                                          param_shapes) == []
+                                           param_shapes) == []
 
 
 def test_check_compatible_raises_naming_fields_and_values():
@@ -75,7 +75,7 @@ def test_check_compatible_raises_naming_fields_and_values():
                      match=r"model.n_layer \(saved 2, now 3\)"):
     checkpoints.check_compatible(_config_dict(), _config_dict(n_layer=3), param_shapes, "ckpt")
   checkpoints.check_compatible(_config_dict(), _config_dict(dropout_rate=0.1), param_shapes,
-                              "ckpt")                     # shapes agree: only a warning
+                               "ckpt")                     # shapes agree: only a warning
 
 
 # ------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def _tensorboard_steps(workdir) -> collections.Counter:
 
 def test_the_trail_keeps_every_kth_step_beside_the_latest(tmp_path):
   manager = checkpoints.make_manager(str(tmp_path), max_to_keep=2, save_interval_steps=1,
-                                    async_save=False, keep_every_steps=4)
+                                     async_save=False, keep_every_steps=4)
   for step in range(1, 11):
     checkpoints.save(manager, step, {"w": jnp.full((3,), step, jnp.float32)}, {}, {}, {})
   manager.wait_until_finished()

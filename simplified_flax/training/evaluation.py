@@ -65,7 +65,7 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
   manager = checkpoints.open_read_only(workdir)
   try:
     restored = checkpoints.restore_latest(manager, target, config.to_dict(), parameter_shapes,
-                                         workdir, set_aside=False, step=step)
+                                          workdir, set_aside=False, step=step)
   finally:
     manager.close()
   if restored is None:
