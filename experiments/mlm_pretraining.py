@@ -28,7 +28,7 @@ import numpy as np
 from experiments import report_lib  # pylint: disable=g-import-not-at-top
 from simplified_flax import train  # pylint: disable=g-import-not-at-top
 from simplified_flax.training import losses  # pylint: disable=g-import-not-at-top
-from simplified_flax.training import metrics_io  # pylint: disable=g-import-not-at-top
+from simplified_flax.runs import metrics_io  # pylint: disable=g-import-not-at-top
 from simplified_flax.training import mlm_metrics  # pylint: disable=g-import-not-at-top
 from simplified_flax.data import build_pipeline  # pylint: disable=g-import-not-at-top
 from simplified_flax.model.transformer import build_model  # pylint: disable=g-import-not-at-top

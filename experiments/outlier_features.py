@@ -83,7 +83,7 @@ def kurtosis_summary(history) -> dict:
 def train_and_measure(name, config, workdir_root, report_only, fields):
   """(summary with kurtosis and W8A8 figures, or None when `report_only` and unfinished). A
   run whose loss turns non-finite is kept as diverged (marked in its workdir, not retried)."""
-  from simplified_flax.training import nonfinite  # pylint: disable=import-outside-toplevel
+  from simplified_flax.runs import nonfinite  # pylint: disable=import-outside-toplevel
   marker = os.path.join(workdir_root, name, DIVERGED_FILE)
   if os.path.exists(marker):
     return {**fields, "diverged": True, "final_eval_loss": None, "steps": config.num_train_steps}

@@ -50,7 +50,7 @@ def make_config(variant: str, arg: str, overrides: Mapping[str, Any]):
 
 def is_finished(workdir: str, num_train_steps: int) -> bool:
   """Whether the workdir's history reaches its last step's eval (the loop's final row)."""
-  from simplified_flax.training import metrics_io  # pylint: disable=import-outside-toplevel
+  from simplified_flax.runs import metrics_io  # pylint: disable=import-outside-toplevel
   rows = metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
   return any(r.get("step") == num_train_steps and "eval_loss" in r for r in rows)
 
@@ -86,7 +86,7 @@ def count_params(config_dict: Mapping[str, Any]) -> int:
 
 def summarise(workdir: str) -> Dict[str, Any]:
   """Final eval loss, throughput, train time and parameter count of a finished run."""
-  from simplified_flax.training import metrics_io  # pylint: disable=import-outside-toplevel
+  from simplified_flax.runs import metrics_io  # pylint: disable=import-outside-toplevel
   config_dict = json.loads((epath.Path(workdir) / "config.json").read_text())
   history = metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
   train_rows = [r for r in history if "loss" in r]

@@ -26,7 +26,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from simplified_flax.training import distributed_failure   # no JAX at import
+from simplified_flax.runs import distributed_failure   # no JAX at import
 
 USAGE_ERROR, OTHER_ERROR = 2, 1
 VERBOSE_FLAG = "verbose"
@@ -104,7 +104,7 @@ def exit_on_sigterm() -> None:
     del signum, frame
     print("Stopped by SIGTERM outside the training loop: every completed checkpoint stays; "
           "rerun the same command to resume.", file=sys.stderr, flush=True)
-    lock = sys.modules.get("simplified_flax.training.workdir_lock")
+    lock = sys.modules.get("simplified_flax.runs.workdir_lock")
     if lock is not None:
       lock.release_held()
     # Not SystemExit: unwinding an import or a start-up call in progress could crash Python
@@ -234,9 +234,9 @@ def _user_error_types():
   # pylint: disable=import-outside-toplevel
   from simplified_flax.data.errors import DataError
   from simplified_flax.model.checks import ConfigError
-  from simplified_flax.training import checkpoints
-  from simplified_flax.training import nonfinite
-  from simplified_flax.training import workdir_lock
+  from simplified_flax.runs import checkpoints
+  from simplified_flax.runs import nonfinite
+  from simplified_flax.runs import workdir_lock
   usage = (ConfigError, UnknownOverrideError, app.UsageError)
   other = (DataError, checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
            checkpoints.WorkdirError, workdir_lock.WorkdirLockedError,

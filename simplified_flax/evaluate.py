@@ -17,7 +17,7 @@ import jax
 
 from simplified_flax import cli
 from simplified_flax.model import quantize
-from simplified_flax.training import distributed
+from simplified_flax.runs import distributed
 from simplified_flax.training.evaluation import evaluate, load_config, restore_read_only, run_eval
 
 __all__ = ["evaluate", "load_config", "restore_read_only", "run_eval"]

@@ -22,14 +22,14 @@ or the whole loop: `train_and_evaluate(config, workdir, pipeline=None)`.
 from simplified_flax import cli
 
 if __name__ == "__main__":
-  from simplified_flax.training import supervisor  # pylint: disable=g-import-not-at-top
+  from simplified_flax.runs import supervisor  # pylint: disable=g-import-not-at-top
   supervisor.supervise_if_multihost("simplified_flax.train")   # a multi-host run: a watched child
   cli.exit_on_sigterm()   # before the slow imports below: SIGTERM in start-up exits 0
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 
-from simplified_flax.training import distributed
+from simplified_flax.runs import distributed
 from simplified_flax.training.loop import NonFiniteLossError, train_and_evaluate
 from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,
                                            diagnostics_step, eval_step, train_step)

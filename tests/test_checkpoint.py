@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import TINY_MODEL, load_config
-from simplified_flax.training import checkpoints as checkpoint
-from simplified_flax.training import metrics_io
+from simplified_flax.runs import checkpoints
+from simplified_flax.runs import metrics_io
 from simplified_flax.model.parameters import parameter_shapes as param_shapes
 
 
@@ -23,15 +23,15 @@ def _tree():
 
 def test_fingerprint_is_deterministic_and_input_type_independent():
   tree = _tree()
-  a = int(checkpoint.fingerprint(tree))
-  assert a == int(checkpoint.fingerprint(jax.tree.map(jnp.asarray, tree)))
-  assert a == int(checkpoint.fingerprint(_tree()))
+  a = int(checkpoints.fingerprint(tree))
+  assert a == int(checkpoints.fingerprint(jax.tree.map(jnp.asarray, tree)))
+  assert a == int(checkpoints.fingerprint(_tree()))
 
 
 @pytest.mark.parametrize("change", ["flip_bit", "swap", "bf16", "int"])
 def test_fingerprint_sees_any_change(change):
   tree = _tree()
-  before = int(checkpoint.fingerprint(tree))
+  before = int(checkpoints.fingerprint(tree))
   if change == "flip_bit":
     bits = tree["w"].view(np.uint32)
     bits[2, 1] ^= 1                     # the last mantissa bit of one weight
@@ -41,7 +41,7 @@ def test_fingerprint_sees_any_change(change):
     tree["h"][3] = tree["h"][3] + 1
   else:
     tree["step"] = np.int32(8)
-  assert int(checkpoint.fingerprint(tree)) != before
+  assert int(checkpoints.fingerprint(tree)) != before
 
 
 # ------------------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def _config_dict(**model):
 def test_config_differences_are_dotted():
   saved, new = _config_dict(), _config_dict(n_layer=3)
   new["optimizer"]["learning_rate"] = 5e-4
-  assert checkpoint.config_differences(saved, new) == {
+  assert checkpoints.config_differences(saved, new) == {
       "model.n_layer": (2, 3), "optimizer.learning_rate": (1e-3, 5e-4)}
 
 
@@ -64,18 +64,18 @@ def test_only_fields_that_change_parameter_shapes_are_named():
   saved = _config_dict()
   new = _config_dict(n_embd=48, dropout_rate=0.1, vocab_size=70)
   new["optimizer"]["learning_rate"] = 5e-4
-  fields = checkpoint.shape_changing_fields(saved, new, param_shapes)
+  fields = checkpoints.shape_changing_fields(saved, new, param_shapes)
   assert fields == ["model.n_embd", "model.vocab_size"]
-  assert checkpoint.shape_changing_fields(saved, _config_dict(dropout_rate=0.1),
-                                          param_shapes) == []
+  assert checkpoints.shape_changing_fields(saved, _config_dict(dropout_rate=0.1),
+                                           param_shapes) == []
 
 
 def test_check_compatible_raises_naming_fields_and_values():
-  with pytest.raises(checkpoint.IncompatibleCheckpointError,
+  with pytest.raises(checkpoints.IncompatibleCheckpointError,
                      match=r"model.n_layer \(saved 2, now 3\)"):
-    checkpoint.check_compatible(_config_dict(), _config_dict(n_layer=3), param_shapes, "ckpt")
-  checkpoint.check_compatible(_config_dict(), _config_dict(dropout_rate=0.1), param_shapes,
-                              "ckpt")                     # shapes agree: only a warning
+    checkpoints.check_compatible(_config_dict(), _config_dict(n_layer=3), param_shapes, "ckpt")
+  checkpoints.check_compatible(_config_dict(), _config_dict(dropout_rate=0.1), param_shapes,
+                               "ckpt")                     # shapes agree: only a warning
 
 
 # ------------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ import pytest
 from simplified_flax import cli
 from simplified_flax.data.errors import DataError
 from simplified_flax.model.checks import ConfigError
-from simplified_flax.training import checkpoints
-from simplified_flax.training.nonfinite import NonFiniteLossError
-from simplified_flax.training.workdir_lock import WorkdirLockedError
+from simplified_flax.runs import checkpoints
+from simplified_flax.runs.nonfinite import NonFiniteLossError
+from simplified_flax.runs.workdir_lock import WorkdirLockedError
 from test_train_loop import REPO, subprocess_env
 
 
@@ -93,7 +93,7 @@ def test_sigterm_during_start_up_exits_0_with_a_message(tmp_path):
 
 def test_an_unprepared_tfds_dataset_without_network_fails_before_tfds_is_asked(tmp_path,
                                                                              monkeypatch):
-  from simplified_flax.training import data_preflight  # pylint: disable=import-outside-toplevel
+  from simplified_flax.runs import data_preflight  # pylint: disable=import-outside-toplevel
   import configs  # pylint: disable=import-outside-toplevel
   data = configs.load("preln:cpu", {"data.name": "lm1b",
                                     "data.tfds_data_dir": str(tmp_path / "tfds")}).data
@@ -108,7 +108,7 @@ def test_an_unprepared_tfds_dataset_without_network_fails_before_tfds_is_asked(t
 
 def test_the_train_command_on_an_unprepared_tfds_dataset_without_network_ends_within_10_s(
     tmp_path):
-  from simplified_flax.training import data_preflight  # pylint: disable=import-outside-toplevel
+  from simplified_flax.runs import data_preflight  # pylint: disable=import-outside-toplevel
   if data_preflight.network_reachable():
     pytest.skip("this machine can reach the tfds download host")
   status, lines, secs = _train(tmp_path / "run", "--config.data.name=lm1b",

@@ -4,7 +4,7 @@ import pytest
 
 import configs
 from simplified_flax.model.checks import ConfigError
-from simplified_flax.training.config_checks import validate_run_config
+from simplified_flax.runs.config_checks import validate_run_config
 from simplified_flax.train import train_and_evaluate
 
 # (override, text the one-line message must contain). One row per rule.

@@ -11,7 +11,7 @@ import pytest
 import configs
 from conftest import DECODER_VARIANTS, ENCODER_VARIANTS, load_config, tiny_config
 from simplified_flax import params
-from simplified_flax.training import config_checks
+from simplified_flax.runs import config_checks
 from simplified_flax.model import transformer as models
 
 # Trainable parameters of the authors' PyTorch code at L=18, D=768, H=12, V=50000, 1024 positions.

@@ -13,7 +13,7 @@ import tensorflow_datasets as tfds
 from conftest import tiny_config
 from simplified_flax import train
 from simplified_flax.glue import finetune
-from simplified_flax.training import checkpoints as checkpoint
+from simplified_flax.runs import checkpoints
 from simplified_flax.glue import classifier
 from simplified_flax.glue import tasks as glue
 from simplified_flax.data import ByteTokenizer, CheckpointableIterator, mlm
@@ -191,7 +191,7 @@ def test_a_config_with_other_shapes_is_refused_naming_the_field(pretrained):
   workdir, _ = pretrained
   config = encoder_config()
   config.model.n_layer = 3
-  with pytest.raises(checkpoint.IncompatibleCheckpointError, match="model.n_layer"):
+  with pytest.raises(checkpoints.IncompatibleCheckpointError, match="model.n_layer"):
     classifier.load_pretrained_encoder(workdir, config)
 
 
@@ -217,8 +217,8 @@ def test_finetuning_end_to_end_under_mock_glue(pretrained, tmp_path, task, metri
 def save_fresh_encoder(config, workdir):
   """A pretraining workdir holding a freshly initialised model (checkpoint + config.json)."""
   state = train.create_train_state(config, jax.random.PRNGKey(0))
-  manager = checkpoint.make_manager(workdir, 1, 1, async_save=False)
-  checkpoint.save(manager, 1, state, {}, config.to_dict(), {})
+  manager = checkpoints.make_manager(workdir, 1, 1, async_save=False)
+  checkpoints.save(manager, 1, state, {}, config.to_dict(), {})
   manager.wait_until_finished()
   manager.close()
   with open(os.path.join(workdir, CONFIG_FILE), "w") as f:

@@ -43,7 +43,7 @@ def test_sigkill_of_one_process_ends_the_other_within_30_s_naming_it(tmp_path, k
 
 
 def test_the_supervisor_joins_only_multihost_runs_and_names_whom_jax_blames():
-  from simplified_flax.training import supervisor  # pylint: disable=import-outside-toplevel
+  from simplified_flax.runs import supervisor  # pylint: disable=import-outside-toplevel
   assert not supervisor.joins_multihost_run(["--config=c.py", "--workdir=w"], {})
   assert supervisor.joins_multihost_run(["--coordinator_address=h:1", "--process_id=1"], {})
   assert supervisor.joins_multihost_run(["--distributed"], {})

@@ -22,7 +22,7 @@ CHILD = textwrap.dedent('''
     from simplified_flax import benchmark, evaluate, prepare, sample, train  # entry points
     import simplified_flax.data   # noqa: F401  (tf and tfds only inside the tfds corpus reader)
     from simplified_flax.model import decode                   # noqa: F401
-    from simplified_flax.training import checkpoints, metrics_io
+    from simplified_flax.runs import checkpoints, metrics_io
     from simplified_flax.model.parameters import parameter_shapes
     from simplified_flax.training.step import create_train_state, train_step
 

@@ -193,7 +193,7 @@ def test_muon_orthogonalises_kernels_and_leaves_the_rest_to_adam():
 
 
 def test_unknown_optimizer_is_a_config_error_naming_the_choices():
-  from simplified_flax.training import config_checks  # pylint: disable=import-outside-toplevel
+  from simplified_flax.runs import config_checks  # pylint: disable=import-outside-toplevel
   config = tiny_config("preln")
   config.optimizer.name = "sgd"
   with pytest.raises(config_checks.ConfigError,

@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 from simplified_flax.data.iterator import CheckpointableIterator
 from simplified_flax.data.prefetch import Prefetcher
 from simplified_flax.model.checks import ConfigError
-from simplified_flax.training import distributed
+from simplified_flax.runs import distributed
 from simplified_flax.training import placement as parallel
 
 

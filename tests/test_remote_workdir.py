@@ -125,7 +125,7 @@ def test_gs_rewind_moves_steps_and_history_inside_the_bucket(gcs, monkeypatch):
   import gcsfs
   import etils.epath.gpath as gpath
   from etils import epath
-  from simplified_flax.training import metrics_io, rewind
+  from simplified_flax.runs import metrics_io, rewind
   fs, _ = gcs
   monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)    # epath through gcsfs
   gcsfs.GCSFileSystem.clear_instance_cache()                       # this test's emulator

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from simplified_flax.model.checks import ConfigError
-from simplified_flax.training import checkpoints as checkpoint
-from simplified_flax.training import metrics_io
-from simplified_flax.training import rewind
+from simplified_flax.runs import checkpoints
+from simplified_flax.runs import metrics_io
+from simplified_flax.runs import rewind
 from simplified_flax.train import NonFiniteLossError, train_and_evaluate
 from test_train_loop import TINY, make_config, train_rows, write_corpus
 
@@ -29,10 +29,10 @@ def _tensorboard_steps(workdir) -> collections.Counter:
 
 
 def test_the_trail_keeps_every_kth_step_beside_the_latest(tmp_path):
-  manager = checkpoint.make_manager(str(tmp_path), max_to_keep=2, save_interval_steps=1,
-                                    async_save=False, keep_every_steps=4)
+  manager = checkpoints.make_manager(str(tmp_path), max_to_keep=2, save_interval_steps=1,
+                                     async_save=False, keep_every_steps=4)
   for step in range(1, 11):
-    checkpoint.save(manager, step, {"w": jnp.full((3,), step, jnp.float32)}, {}, {}, {})
+    checkpoints.save(manager, step, {"w": jnp.full((3,), step, jnp.float32)}, {}, {}, {})
   manager.wait_until_finished()
   assert sorted(manager.all_steps()) == [4, 8, 9, 10]
   manager.close()

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from simplified_flax.training import metrics_io
-from simplified_flax.training import resume_changes
+from simplified_flax.runs import metrics_io
+from simplified_flax.runs import resume_changes
 from simplified_flax.train import train_and_evaluate
 from test_train_loop import TINY, make_config, train_rows, write_corpus
 

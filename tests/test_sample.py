@@ -8,7 +8,7 @@ import pytest
 
 from conftest import tiny_config
 from simplified_flax import sample
-from simplified_flax.training import checkpoints as checkpoint
+from simplified_flax.runs import checkpoints
 from simplified_flax.model import decode
 from simplified_flax.data.tokenizers import ByteTokenizer
 from simplified_flax.training.evaluation import CONFIG_FILE, load_config, restore_read_only
@@ -22,11 +22,11 @@ def _training_workdir(tmp_path, steps=(1, 2)):
   workdir = str(tmp_path)
   with open(os.path.join(workdir, CONFIG_FILE), "w", encoding="utf-8") as f:
     json.dump(config.to_dict(), f)
-  manager = checkpoint.make_manager(workdir, max_to_keep=5, save_interval_steps=1)
+  manager = checkpoints.make_manager(workdir, max_to_keep=5, save_interval_steps=1)
   states = {}
   for step in steps:
     states[step] = create_train_state(config, jax.random.PRNGKey(step))
-    checkpoint.save(manager, step, states[step], {}, config.to_dict(), {})
+    checkpoints.save(manager, step, states[step], {}, config.to_dict(), {})
   manager.wait_until_finished()
   manager.close()
   return workdir, states

@@ -14,7 +14,7 @@ from simplified_flax.model import decode
 from simplified_flax.model import layer_stack
 from simplified_flax.model import parameters
 from simplified_flax.model import transformer as models
-from simplified_flax.training import checkpoints
+from simplified_flax.runs import checkpoints
 from simplified_flax.training import diagnostics
 
 L = 4

@@ -16,8 +16,8 @@ import pytest
 
 import configs
 from simplified_flax import evaluate
-from simplified_flax.training import checkpoints as checkpoint
-from simplified_flax.training import metrics_io
+from simplified_flax.runs import checkpoints
+from simplified_flax.runs import metrics_io
 from simplified_flax.train import NonFiniteLossError, train_and_evaluate
 
 # Orbax's failed reads of corrupt checkpoints leave closed-event-loop callbacks behind that
@@ -215,14 +215,14 @@ def test_muon_run_resumes_exactly(tmp_path, data):
 
 def test_incompatible_config_refuses_to_resume_naming_the_field(trained, tmp_path):
   workdir = _copy(trained, tmp_path)
-  with pytest.raises(checkpoint.IncompatibleCheckpointError) as err:
+  with pytest.raises(checkpoints.IncompatibleCheckpointError) as err:
     _train(workdir, data_of(trained), **TRAINED_RUN, **{
         "model.n_embd": 48, "model.dropout_rate": 0.1, "optimizer.learning_rate": 5e-4})
   message = str(err.value)
   assert "model.n_embd (saved 32, now 48)" in message
   assert "dropout_rate" not in message and "learning_rate" not in message
   assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]    # untouched
-  assert not (workdir / checkpoint.CORRUPT_DIR).exists()
+  assert not (workdir / checkpoints.CORRUPT_DIR).exists()
 
 
 def test_interrupted_save_is_ignored(trained, tmp_path):
@@ -230,7 +230,7 @@ def test_interrupted_save_is_ignored(trained, tmp_path):
   partial = workdir / "checkpoints" / "9.orbax-checkpoint-tmp-123"
   (partial / "state").mkdir(parents=True)
   (partial / "state" / "junk").write_bytes(b"\0" * 100)
-  manager = checkpoint.make_manager(str(workdir), 3, 3)
+  manager = checkpoints.make_manager(str(workdir), 3, 3)
   assert manager.latest_step() == 6
   manager.close()
 
@@ -251,7 +251,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(trained, tmp_p
   _train(workdir, data_of(trained), **TRAINED_RUN)
   reports = [r.getMessage() for r in caplog.records if "truncated or corrupt" in r.getMessage()]
   assert len(reports) == 1 and "/6 " in reports[0] and "cannot be read" in reports[0]
-  assert [p.split("-")[0] for p in os.listdir(workdir / checkpoint.CORRUPT_DIR)] == ["6"]
+  assert [p.split("-")[0] for p in os.listdir(workdir / checkpoints.CORRUPT_DIR)] == ["6"]
   after, before = train_rows(workdir), train_rows(trained)   # resumed from 3: 4.. retrained
   assert sorted(after) == sorted(before) == [2, 4, 6]
   for step in before:
@@ -266,7 +266,7 @@ def test_no_restorable_checkpoint_is_an_error_and_moves_nothing(trained, tmp_pat
   shutil.rmtree(workdir / "checkpoints" / "3" / "state")
   shutil.copytree(workdir / "checkpoints" / "6" / "state", workdir / "checkpoints" / "3" / "state")
   _truncate(workdir / "checkpoints" / "6")
-  with pytest.raises(checkpoint.CheckpointError) as err:
+  with pytest.raises(checkpoints.CheckpointError) as err:
     _train(workdir, data_of(trained), **TRAINED_RUN)
   message = str(err.value)
   assert "step 6: its state cannot be read" in message
@@ -285,8 +285,8 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoin
                                          "optimizer.schedule": "constant"})
   assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]
   assert max(train_rows(workdir)) == 6
-  manager = checkpoint.make_manager(str(workdir), 3, 3)
-  state = manager.restore(6, args=checkpoint.ocp.args.Composite(
-      state=checkpoint.ocp.args.StandardRestore()))["state"]
+  manager = checkpoints.make_manager(str(workdir), 3, 3)
+  state = manager.restore(6, args=checkpoints.ocp.args.Composite(
+      state=checkpoints.ocp.args.StandardRestore()))["state"]
   manager.close()
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state))

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from simplified_flax.training import workdir_lock
-from simplified_flax.training.workdir_lock import WorkdirLock, WorkdirLockedError
+from simplified_flax.runs import workdir_lock
+from simplified_flax.runs.workdir_lock import WorkdirLock, WorkdirLockedError
 from test_train_loop import (REPO, TINY, log_tail, start_training, subprocess_env, train_rows,
                              wait_for_rows, write_corpus)
 

@@ -3,7 +3,7 @@
 
 The command line, what it writes and the recipe in words are in `simplified_flax/finetune.py`
 (`python -m simplified_flax.finetune --help`). A NaN or infinite loss stops the run with
-NonFiniteLossError (training/nonfinite.py).
+NonFiniteLossError (runs/nonfinite.py).
 """
 import copy
 import functools
@@ -25,9 +25,9 @@ from simplified_flax.glue import classifier
 from simplified_flax.glue import metrics as task_metrics
 from simplified_flax.glue import tasks as glue
 from simplified_flax.model.transformer import build_model
-from simplified_flax.training import config_checks
-from simplified_flax.training import metrics_io
-from simplified_flax.training import nonfinite
+from simplified_flax.runs import config_checks
+from simplified_flax.runs import metrics_io
+from simplified_flax.runs import nonfinite
 from simplified_flax.training.evaluation import load_config
 from simplified_flax.training.step import create_train_state
 

@@ -1,5 +1,5 @@
 """The model config's rules, checked before anything is compiled (the training, optimiser,
-data and parallelism rules: training/config_checks.py).
+data and parallelism rules: runs/config_checks.py).
 
 Every error is a `ConfigError` (a ValueError) whose message starts with the dotted name of the
 offending field and says how to fix it, e.g.

@@ -9,7 +9,7 @@ from etils import epath
 import jax
 import ml_collections
 
-from simplified_flax.training import checkpoints as checkpoint
+from simplified_flax.runs import checkpoints
 from simplified_flax.training import mlm_metrics
 from simplified_flax.training import placement as parallel
 from simplified_flax.model import quantize
@@ -51,7 +51,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def restore_read_only(workdir: str, config, target=None, step: int | None = None):
-  """checkpoint.Restored: the newest intact checkpoint of `workdir` (or `step`), read without
+  """checkpoints.Restored: the newest intact checkpoint of `workdir` (or `step`), read without
   creating, cleaning up or moving anything, so the run may still be training.
 
   `config` is the run's config (`load_config`); its parameter shapes must match the saved
@@ -62,10 +62,10 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
   if target is None:
     abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
     target = parallel.first_device_target(abstract)
-  manager = checkpoint.open_read_only(workdir)
+  manager = checkpoints.open_read_only(workdir)
   try:
-    restored = checkpoint.restore_latest(manager, target, config.to_dict(), parameter_shapes,
-                                         workdir, set_aside=False, step=step)
+    restored = checkpoints.restore_latest(manager, target, config.to_dict(), parameter_shapes,
+                                          workdir, set_aside=False, step=step)
   finally:
     manager.close()
   if restored is None:

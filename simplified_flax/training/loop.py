@@ -3,31 +3,31 @@ workdir, resuming from the latest good checkpoint there.
 
 The workdir holds `config.json` (the resolved config), `metrics.jsonl` and `tensorboard/`
 (metrics), and `checkpoints/`. SIGTERM (or a TPU preemption notice) saves at the next step and
-returns. The pure steps it compiles live in `training/step.py`.
+returns. The pure steps it compiles live in `training/step.py`; the run operations it calls
+by name (config checks, workdir lock, resume and rewind, checkpoints, metrics writing, the
+stop request) live in `simplified_flax/runs/`.
 """
 import functools
 import itertools
 import json
-import signal
-import threading
 
 from etils import epath
 import jax
 
 from simplified_flax import storage
 from simplified_flax.data.prefetch import Prefetcher
-from simplified_flax.training import checkpoints as checkpoint
-from simplified_flax.training import config_checks
-from simplified_flax.training import data_preflight
-from simplified_flax.training import metrics_io
-from simplified_flax.training import nonfinite
+from simplified_flax.runs import checkpoints
+from simplified_flax.runs import config_checks
+from simplified_flax.runs import data_preflight
+from simplified_flax.runs import metrics_io
+from simplified_flax.runs import nonfinite
+from simplified_flax.runs import resume
+from simplified_flax.runs import stop_request
+from simplified_flax.runs import workdir_lock
+from simplified_flax.runs.nonfinite import NonFiniteLossError
 from simplified_flax.training import placement as parallel
-from simplified_flax.training import resume_changes
-from simplified_flax.training import rewind
-from simplified_flax.training import workdir_lock
-from simplified_flax.training.nonfinite import NonFiniteLossError
 from simplified_flax.training.evaluation import CONFIG_FILE, run_eval
-from simplified_flax.model.parameters import parameter_shapes, size
+from simplified_flax.model.parameters import size
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,
                                         diagnostics_step, eval_step, train_step)
@@ -38,26 +38,6 @@ __all__ = ["create_train_state", "train_step", "eval_step", "diagnostics_step",
 
 # Without logging, metrics are still read (and checked for NaN) at least this often.
 MAX_UNREAD_STEPS = 256
-
-
-class _StopRequest:
-  """SIGTERM in a single-process run, or JAX's multi-host preemption sync point (TPU notices,
-  SIGTERM on any host), asks the loop to save at the next step and return."""
-
-  def __init__(self, manager):
-    self._manager = manager
-    self._flag = threading.Event()
-    self._previous = None
-    if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._flag.set())
-
-  def requested(self, step: int) -> bool:
-    # Called at every step on every host, as the multi-host sync protocol requires.
-    return self._manager.reached_preemption(step) or self._flag.is_set()
-
-  def close(self) -> None:
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
 
 
 def _console(message: str) -> None:
@@ -73,6 +53,11 @@ def _write_config(workdir: str, config_dict: dict) -> None:
     storage.write_atomically(epath.Path(workdir) / CONFIG_FILE, lambda f: f.write(text))
 
 
+def _every(step: int, n: int) -> bool:
+  """Whether `step` is a multiple of `n`; n = 0: never (the last step still counts)."""
+  return n > 0 and step % n == 0
+
+
 def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
                        tensorboard: bool = True) -> TrainState:
   """Trains `config` to `config.num_train_steps` in `workdir`; returns the final state.
@@ -82,8 +67,8 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   set from the pipeline's tokenizer when None. The whole config is checked first (ConfigError,
   nothing written); then the workdir is locked for the run (WorkdirLockedError while another
   live run holds it). Raises NonFiniteLossError naming the step of a NaN/inf loss, the kept
-  checkpoints and the command to rewind to one (`config.restore_step`, see training/rewind.py),
-  and checkpoint.IncompatibleCheckpointError when the workdir's checkpoints have other
+  checkpoints and the command to rewind to one (`config.restore_step`, see runs/rewind.py),
+  and checkpoints.IncompatibleCheckpointError when the workdir's checkpoints have other
   parameter shapes.
   """
   config_checks.validate_run_config(config, jax.device_count())
@@ -96,160 +81,184 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
 
 def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> TrainState:
   """`train_and_evaluate` once the config is checked and the workdir is locked."""
-  # ----------------------------------------------------------------------------------------
-  # Input and config.
-  # ----------------------------------------------------------------------------------------
-  if pipeline is None:
-    from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
-    pipeline = parallel.primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
-  if config.model.vocab_size is None:
-    config.model.vocab_size = pipeline.tokenizer.vocab_size
+  pipeline = _input_pipeline(config, workdir, pipeline)   # sets a None vocab_size
   config_dict = config.to_dict()
-  tokens_per_step = config.batch_size * config.model.context_length
 
-  # ----------------------------------------------------------------------------------------
-  # Mesh and model state.
-  # ----------------------------------------------------------------------------------------
+  # Mesh and model state; resume from the latest good checkpoint (or rewind to restore_step).
   placement = parallel.Placement.from_config(config)
   state = create_train_state(config, jax.random.PRNGKey(config.seed), mesh=placement.mesh,
                              model=model)
   _console(f"Model: {size(state.params):,} parameters on {jax.device_count()} devices "
            f"({f'mesh {dict(placement.mesh.shape)}' if placement.mesh else 'pmap'}).")
-
-  # ----------------------------------------------------------------------------------------
-  # Checkpoint: resume from the latest good one.
-  # ----------------------------------------------------------------------------------------
-  manager = checkpoint.make_manager(workdir, config.max_to_keep, config.checkpoint_every_steps,
-                                    keep_every_steps=config.keep_every_steps)
+  manager = checkpoints.make_manager(workdir, config.max_to_keep, config.checkpoint_every_steps,
+                                     keep_every_steps=config.keep_every_steps)
   abstract_state = jax.eval_shape(lambda s: s, state)
-  rewind_to, later_steps = rewind.plan(manager, config.restore_step)
-  restored = None
-  if rewind_to != 0:   # 0: start over, so nothing to restore
-    restored = checkpoint.restore_latest(manager, placement.restore_target(abstract_state),
-                                         config_dict, parameter_shapes, workdir, step=rewind_to)
-  if rewind_to is not None:   # only once the step to rewind to has read back intact
-    rewind.set_aside(workdir, manager, rewind_to, later_steps)
-  start_step, elapsed, data_state = 0, 0.0, None
-  if restored is not None:
-    state, data_state = restored.state, restored.data_state
-    start_step, elapsed = restored.step, float(restored.meta.get("elapsed_s", 0.0))
-    _console(f"Resuming from the checkpoint of step {start_step}.")
-    schedule_note = resume_changes.schedule_change(restored.config, config_dict, start_step)
-    if schedule_note:
-      _console(schedule_note)
-  if jax.process_index() == 0:
-    metrics_io.truncate_history(workdir, start_step)
+  start = resume.start(workdir, manager, placement.restore_target(abstract_state), config_dict,
+                       config.restore_step)
+  for note in start.notes:
+    _console(note)
+  resume.cut_history(workdir, start.step)
   _write_config(workdir, config_dict)
-  state = placement.shard_state(state)   # pmap: one copy per device; jit: already in place
+  # pmap: one copy per device; jit: already in place.
+  state = placement.shard_state(state if start.state is None else start.state)
 
-  # ----------------------------------------------------------------------------------------
-  # Compiled steps and input feeding.
-  # ----------------------------------------------------------------------------------------
-  train_fn = placement.compile_step(train_step, abstract_state)
-  eval_fn = placement.compile_step(eval_step, abstract_state, returns_state=False)
-  diagnostics_fn = None   # compiled, and dispatched, only when config.diagnostics_every > 0
-  if config.diagnostics_every > 0:
-    diagnostics_fn = placement.compile_step(_diagnostics_step(config, model), abstract_state,
-                                            returns_state=False)
-  iterator = pipeline.train_iterator(prefetch=0)   # `feeder` is the one prefetch thread, if any
-  if data_state:
-    iterator.set_state(data_state)
-  # Each batch travels with the iterator state after it, so a checkpoint records the data
-  # position of the step it saves, however far ahead the thread runs.
-  feeder = Prefetcher(((next(iterator), iterator.get_state()) for _ in itertools.count()),
-                      transform=lambda item: (placement.place_batch(item[0]), item[1]),
-                      depth=config.data.prefetch)   # 0: made in this thread, no other
-
-  # ----------------------------------------------------------------------------------------
-  # Loop. Step s dispatches before step s-1's metrics are read; the host waits for the
-  # device only to log, evaluate or checkpoint.
-  # ----------------------------------------------------------------------------------------
+  # Compiled steps, input feeding, the run's history.
+  train_fn, eval_fn, diagnostics_fn = _compile_steps(config, model, placement, abstract_state)
+  iterator, feeder = _feed(pipeline, placement, start.data_state, config.data.prefetch)
   writer = metrics_io.make_writer(workdir, tensorboard)
-  writer.write_config(start_step, config_dict)   # TensorBoard's Text tab
-  progress = metrics_io.Progress(total_steps=config.num_train_steps, start_step=start_step,
-                                 tokens_per_step=tokens_per_step, elapsed_before=elapsed)
-  stop = _StopRequest(manager)
-  pending: list[tuple[int, dict]] = []   # (step, device metrics) not read yet
-  pending_diagnostics: list[tuple[int, dict]] = []   # (step, diagnostics) not read yet
-  every = lambda s, n: n > 0 and s % n == 0      # n = 0: never (the last step still counts)
-  is_log_step = lambda s: every(s, config.log_every_steps) or s == config.num_train_steps
+  writer.write_config(start.step, config_dict)   # TensorBoard's Text tab
+  progress = metrics_io.Progress(total_steps=config.num_train_steps, start_step=start.step,
+                                 tokens_per_step=config.batch_size * config.model.context_length,
+                                 elapsed_before=start.elapsed_s)
+  stop = stop_request.StopRequest(manager)
+  pending = _PendingMetrics(config, workdir, placement, manager, writer, progress)
 
-  def read_pending() -> None:
-    """Reads the pending metrics: stops on a non-finite one, writes the log steps' rows."""
-    values = placement.host_metrics([m for _, m in pending])
-    try:
-      nonfinite.check_finite(zip([s for s, _ in pending], values))
-    except NonFiniteLossError as error:
-      manager.wait_until_finished()   # the kept steps, once any save in flight is complete
-      raise NonFiniteLossError(f"{error} {nonfinite.resume_advice(workdir, manager.all_steps())}"
-                               ) from None
-    for (s, _), v in zip(pending, values):
-      if is_log_step(s):
-        rates = progress.update(s)
-        writer.write_scalars(s, {"loss": v["loss"], "learning_rate": v["learning_rate"],
-                                 "grad_norm": v["grad_norm"],
-                                 "tokens_per_s": rates["tokens_per_s"],
-                                 "elapsed_s": rates["elapsed_s"]})
-        _console(progress.line(s, float(v["loss"]), float(v["learning_rate"]), rates))
-    pending.clear()
-    values = placement.host_metrics([m for _, m in pending_diagnostics])
-    for (s, _), v in zip(pending_diagnostics, values):
-      writer.write_scalars(s, v)
-    pending_diagnostics.clear()
-
-  step, read_after_dispatch = start_step, False
+  # Step s dispatches before step s-1's metrics are read; the host waits for the device only
+  # to log, evaluate or checkpoint.
+  step, read_after_dispatch = start.step, False
   try:
     while step < config.num_train_steps:
       batch, data_state = next(feeder)
       state, metrics = train_fn(state, batch)
       step += 1
-      if step == start_step + 1:
+      if step == start.step + 1:
         progress.restart_clock()   # the first call compiled: keep it out of tokens/s and ETA
       if read_after_dispatch:
-        read_pending()
+        pending.read()
         read_after_dispatch = False
-      pending.append((step, metrics))
-      if diagnostics_fn is not None and every(step, config.diagnostics_every):
+      pending.steps.append((step, metrics))
+      if diagnostics_fn is not None and _every(step, config.diagnostics_every):
         # The state after update `step`, on that update's batch; read after the next dispatch.
-        pending_diagnostics.append((step, diagnostics_fn(state, batch)))
+        pending.diagnostics.append((step, diagnostics_fn(state, batch)))
 
       preempted = stop.requested(step)
       last = step == config.num_train_steps
-      save_now = preempted or last or every(step, config.checkpoint_every_steps)
-      eval_now = config.eval_every_steps > 0 and (every(step, config.eval_every_steps) or last)
+      save_now = preempted or last or _every(step, config.checkpoint_every_steps)
+      eval_now = config.eval_every_steps > 0 and (_every(step, config.eval_every_steps) or last)
       if save_now or eval_now:
-        read_pending()   # never checkpoint or evaluate past an unchecked loss
-      elif is_log_step(step) or len(pending) >= MAX_UNREAD_STEPS or pending_diagnostics:
+        pending.read()   # never checkpoint or evaluate past an unchecked loss
+      elif pending.due(step):
         read_after_dispatch = True
       if eval_now:
-        with progress.paused():
-          result = run_eval(eval_fn, state, pipeline.eval_batches(config.eval_steps), placement)
-        writer.write_scalars(step, {k: result[k] for k in ("eval_loss", "eval_perplexity",
-                                                            "eval_mlm_accuracy") if k in result})
-        accuracy = result.get("eval_mlm_accuracy")
-        _console(f"step {step} | eval loss {result['eval_loss']:.4f} | "
-                 f"eval perplexity {result['eval_perplexity']:.3f}"
-                 + ("" if accuracy is None else f" | eval MLM accuracy {accuracy:.3f}"))
+        _evaluate(step, eval_fn, state, pipeline, config, placement, writer, progress)
       if save_now:
         with progress.paused():
           writer.flush()   # the history up to a checkpoint outlives a kill (remote: rewritten)
-          checkpoint.save(manager, step, placement.host_state(state), data_state, config_dict,
-                          {"elapsed_s": progress.elapsed()})
+          checkpoints.save(manager, step, placement.host_state(state), data_state, config_dict,
+                           {"elapsed_s": progress.elapsed()})
       if preempted:
         _console(f"Stop requested: saved the checkpoint of step {step}; exiting.")
         break
-    if pending or pending_diagnostics:
-      read_pending()
+    if pending.steps or pending.diagnostics:
+      pending.read()
   finally:
-    feeder.close()
-    iterator_close = getattr(iterator, "close", None)
-    if iterator_close is not None:
-      iterator_close()
-    manager.wait_until_finished()
-    manager.close()
-    writer.close()
-    stop.close()   # last: a SIGTERM during the final save waits for it instead of cutting it
+    _close(feeder, iterator, manager, writer, stop)
   return state
+
+
+def _input_pipeline(config, workdir: str, pipeline):
+  """`pipeline`, or the config's own (built on process 0 first, then on the others); a None
+  `config.model.vocab_size` is set from its tokenizer."""
+  if pipeline is None:
+    from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
+    pipeline = parallel.primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
+  if config.model.vocab_size is None:
+    config.model.vocab_size = pipeline.tokenizer.vocab_size
+  return pipeline
+
+
+class _PendingMetrics:
+  """The device metrics of dispatched steps not read yet, as (step, metrics) pairs. Reading
+  them waits for the device, so the loop reads only to log, evaluate or checkpoint, or every
+  `MAX_UNREAD_STEPS` steps."""
+
+  def __init__(self, config, workdir: str, placement, manager, writer, progress):
+    self._config, self._workdir, self._placement = config, workdir, placement
+    self._manager, self._writer, self._progress = manager, writer, progress
+    self.steps: list[tuple[int, dict]] = []          # train-step metrics
+    self.diagnostics: list[tuple[int, dict]] = []    # diagnostics scalars
+
+  def is_log_step(self, step: int) -> bool:
+    return _every(step, self._config.log_every_steps) or step == self._config.num_train_steps
+
+  def due(self, step: int) -> bool:
+    """Whether to read after the next dispatch (a log step, too many unread, diagnostics)."""
+    return (self.is_log_step(step) or len(self.steps) >= MAX_UNREAD_STEPS
+            or bool(self.diagnostics))
+
+  def read(self) -> None:
+    """Reads the pending metrics: stops on a non-finite one, writes the log steps' rows."""
+    values = self._placement.host_metrics([m for _, m in self.steps])
+    try:
+      nonfinite.check_finite(zip([s for s, _ in self.steps], values))
+    except NonFiniteLossError as error:
+      self._manager.wait_until_finished()   # the kept steps, once any save in flight is done
+      advice = nonfinite.resume_advice(self._workdir, self._manager.all_steps())
+      raise NonFiniteLossError(f"{error} {advice}") from None
+    for (s, _), v in zip(self.steps, values):
+      if self.is_log_step(s):
+        rates = self._progress.update(s)
+        self._writer.write_scalars(s, {"loss": v["loss"], "learning_rate": v["learning_rate"],
+                                       "grad_norm": v["grad_norm"],
+                                       "tokens_per_s": rates["tokens_per_s"],
+                                       "elapsed_s": rates["elapsed_s"]})
+        _console(self._progress.line(s, float(v["loss"]), float(v["learning_rate"]), rates))
+    self.steps.clear()
+    values = self._placement.host_metrics([m for _, m in self.diagnostics])
+    for (s, _), v in zip(self.diagnostics, values):
+      self._writer.write_scalars(s, v)
+    self.diagnostics.clear()
+
+
+def _compile_steps(config, model, placement, abstract_state):
+  """(train, eval, diagnostics) steps compiled for `placement`; diagnostics is None (never
+  compiled or dispatched) unless `config.diagnostics_every` > 0."""
+  train_fn = placement.compile_step(train_step, abstract_state)
+  eval_fn = placement.compile_step(eval_step, abstract_state, returns_state=False)
+  diagnostics_fn = None
+  if config.diagnostics_every > 0:
+    diagnostics_fn = placement.compile_step(_diagnostics_step(config, model), abstract_state,
+                                            returns_state=False)
+  return train_fn, eval_fn, diagnostics_fn
+
+
+def _feed(pipeline, placement, data_state, depth: int):
+  """(iterator, feeder): the training iterator, set to `data_state` when resuming, and the
+  feeder that yields (placed batch, iterator state after it), so that a checkpoint records
+  the data position of the step it saves however far ahead the thread runs."""
+  iterator = pipeline.train_iterator(prefetch=0)   # `feeder` is the one prefetch thread, if any
+  if data_state:
+    iterator.set_state(data_state)
+  feeder = Prefetcher(((next(iterator), iterator.get_state()) for _ in itertools.count()),
+                      transform=lambda item: (placement.place_batch(item[0]), item[1]),
+                      depth=depth)   # 0: made in this thread, no other
+  return iterator, feeder
+
+
+def _evaluate(step: int, eval_fn, state, pipeline, config, placement, writer, progress) -> None:
+  """Evaluates `state` on `config.eval_steps` batches (off the progress clock); writes and
+  prints the result."""
+  with progress.paused():
+    result = run_eval(eval_fn, state, pipeline.eval_batches(config.eval_steps), placement)
+  writer.write_scalars(step, {k: result[k] for k in ("eval_loss", "eval_perplexity",
+                                                      "eval_mlm_accuracy") if k in result})
+  accuracy = result.get("eval_mlm_accuracy")
+  _console(f"step {step} | eval loss {result['eval_loss']:.4f} | "
+           f"eval perplexity {result['eval_perplexity']:.3f}"
+           + ("" if accuracy is None else f" | eval MLM accuracy {accuracy:.3f}"))
+
+
+def _close(feeder, iterator, manager, writer, stop) -> None:
+  """Stops the input thread, finishes any save in flight and closes the writers; the stop
+  request last, so a SIGTERM during the final save waits for it instead of cutting it."""
+  feeder.close()
+  iterator_close = getattr(iterator, "close", None)
+  if iterator_close is not None:
+    iterator_close()
+  manager.wait_until_finished()
+  manager.close()
+  writer.close()
+  stop.close()
 
 
 def _diagnostics_step(config, model):

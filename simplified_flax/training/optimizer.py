@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from simplified_flax.training.config_checks import OPTIMIZERS
+from simplified_flax.runs.config_checks import OPTIMIZERS
 
 DECAYED_LEAVES = ("kernel", "embedding")
 UNDECAYED_LEAVES = ("scale", "bias")

@@ -19,7 +19,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from simplified_flax.training import config_checks
+from simplified_flax.runs import config_checks
 
 DATA, FSDP = "data", "fsdp"
 PMAP_AXIS = "batch"

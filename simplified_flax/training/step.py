@@ -59,7 +59,7 @@ class TrainState:
 
 
 def _validate(config) -> None:
-  from simplified_flax.training import config_checks  # pylint: disable=import-outside-toplevel
+  from simplified_flax.runs import config_checks  # pylint: disable=import-outside-toplevel
   config_checks.validate_config(config)   # model, training, optimiser (no data, no devices)
   if config.model.vocab_size is None:
     raise ValueError("model.vocab_size is unset: set it to the tokenizer's vocabulary size "

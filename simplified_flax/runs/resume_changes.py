@@ -8,7 +8,7 @@ it happens (README, "Resuming").
 """
 import ml_collections
 
-from simplified_flax.training import checkpoints as checkpoint
+from simplified_flax.runs import checkpoints
 from simplified_flax.training import optimizer
 
 # The fields `optimizer.make_schedule` reads.
@@ -27,7 +27,7 @@ def schedule_change(saved: dict | None, new: dict, step: int) -> str | None:
   the checkpoint of `step`), else None."""
   if not saved:
     return None
-  diffs = checkpoint.config_differences(saved, new)
+  diffs = checkpoints.config_differences(saved, new)
   fields = [k for k in SCHEDULE_FIELDS if k in diffs]
   if not fields:
     return None

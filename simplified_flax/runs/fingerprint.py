@@ -1,6 +1,6 @@
 """A uint32 hash of the bits of every leaf of a pytree, independent of sharding and of the
 order of reduction (integer arithmetic wraps exactly): what a checkpoint's `meta` records and
-a restore checks (`training/checkpoints.py`)."""
+a restore checks (`runs/checkpoints.py`)."""
 import jax
 import jax.numpy as jnp
 

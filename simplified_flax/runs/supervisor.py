@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 
-from simplified_flax.training import distributed_failure
+from simplified_flax.runs import distributed_failure
 
 _CHILD_ENV = "SIMPLIFIED_FLAX_SUPERVISED"
 _FATAL_LINE = re.compile(rb"^F\d{4} \d\d:\d\d:\d\d")   # an absl FATAL record starts the report

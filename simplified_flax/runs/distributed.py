@@ -1,12 +1,18 @@
-"""Joining a multi-process run (`jax.distributed`), from flags or the environment."""
+"""Joining a multi-process run (`jax.distributed`), from flags or the environment.
+
+The train and evaluate commands call `initialize_distributed` before any JAX work: with a
+coordinator address (flag, `JAX_COORDINATOR_ADDRESS`) or `--distributed` (JAX detects the cluster)
+the process joins the run over gloo on CPU and starts the watchdog of `distributed_failure`;
+without one nothing happens and the run is single-process.
+"""
 import os
 
 from absl import flags
 from absl import logging
 import jax
 
-from simplified_flax.training import distributed_failure
-from simplified_flax.training import supervisor
+from simplified_flax.runs import distributed_failure
+from simplified_flax.runs import supervisor
 
 # JAX's own verdict on a silent process: the backstop behind distributed_failure's watchdog,
 # which ends the survivors sooner and with one line (README, "Errors and exit statuses").

@@ -29,7 +29,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from simplified_flax import storage
-from simplified_flax.training.fingerprint import fingerprint
+from simplified_flax.runs.fingerprint import fingerprint
 
 ITEMS = ("state", "data", "config", "meta")
 CHECKPOINT_DIR = "checkpoints"

@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 
 from simplified_flax import storage
 from simplified_flax.model.checks import ConfigError
-from simplified_flax.training import checkpoints, metrics_io
+from simplified_flax.runs import checkpoints, metrics_io
 
 SET_ASIDE_DIR = "set_aside"
 
