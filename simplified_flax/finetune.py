@@ -19,8 +19,8 @@ import json
 from absl import flags
 
 from simplified_flax import cli
-from simplified_flax.glue import tasks as glue
-from simplified_flax.glue.finetune import finetune, finetune_defaults
+from simplified_flax.glue import tasks
+from simplified_flax.glue.training import finetune, finetune_defaults
 
 __all__ = ["finetune", "finetune_defaults"]
 
@@ -43,7 +43,7 @@ if __name__ == "__main__":
   config_flags.DEFINE_config_dict("finetune", finetune_defaults(), "The fine-tuning recipe.")
   flags.DEFINE_string("pretrained_workdir", None, "The --workdir of an MLM pretraining run.",
                       required=True)
-  flags.DEFINE_string("task", None, f"A GLUE task: {', '.join(sorted(glue.TASKS))}.",
+  flags.DEFINE_string("task", None, f"A GLUE task: {', '.join(sorted(tasks.TASKS))}.",
                       required=True)
   flags.DEFINE_string("workdir", None, "Output folder (default <pretrained_workdir>/glue/TASK).")
   flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard event files.")
