@@ -1,13 +1,9 @@
 """The training loop: `train_and_evaluate(config, workdir)` trains a config to its last step in a
-workdir, resuming from the latest good checkpoint there.
-
-The workdir holds `config.json` (the resolved config), `metrics.jsonl` and `tensorboard/`
-(metrics), and `checkpoints/`. SIGTERM (or a TPU preemption notice) saves at the next step and
-returns. The pure steps it compiles live in `training/step.py`; the run operations it calls
-by name (config checks, workdir lock, resume and rewind, checkpoints, metrics writing, the
-stop request) live in `simplified_flax/runs/`.
+workdir (`config.json`, `metrics.jsonl`, `tensorboard/`, `checkpoints/`), resuming from the
+latest good checkpoint there; SIGTERM (or a TPU preemption notice) saves at the next step and
+returns. It compiles the pure steps of step.py and calls the run operations of
+`simplified_flax/runs/` by name.
 """
-import functools
 import itertools
 import json
 
@@ -25,15 +21,12 @@ from simplified_flax.runs import resume
 from simplified_flax.runs import stop_request
 from simplified_flax.runs import workdir_lock
 from simplified_flax.runs.nonfinite import NonFiniteLossError
-from simplified_flax.training import placement as parallel
 from simplified_flax.training.evaluation import CONFIG_FILE, run_eval
+from simplified_flax.training.placement import Placement, primary_first
 from simplified_flax.model.parameters import size
 from simplified_flax.model.transformer import build_model
-from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,
-                                        diagnostics_step, eval_step, train_step)
-
-__all__ = ["create_train_state", "train_step", "eval_step", "diagnostics_step",
-           "train_and_evaluate", "TrainState", "StepSpec", "NonFiniteLossError"]
+from simplified_flax.training.step import (TrainState, create_train_state, diagnostics_step,
+                                           eval_step, train_step)
 
 
 # Without logging, metrics are still read (and checked for NaN) at least this often.
@@ -62,14 +55,12 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
                        tensorboard: bool = True) -> TrainState:
   """Trains `config` to `config.num_train_steps` in `workdir`; returns the final state.
 
-  `pipeline` defaults to `simplified_flax.data.build_pipeline(config, workdir=workdir)` and
-  `model` to `build_model(config.model, dtype=config.dtype)`. `config.model.vocab_size` is
-  set from the pipeline's tokenizer when None. The whole config is checked first (ConfigError,
-  nothing written); then the workdir is locked for the run (WorkdirLockedError while another
-  live run holds it). Raises NonFiniteLossError naming the step of a NaN/inf loss, the kept
-  checkpoints and the command to rewind to one (`config.restore_step`, see runs/rewind.py),
-  and checkpoints.IncompatibleCheckpointError when the workdir's checkpoints have other
-  parameter shapes.
+  `pipeline` defaults to `data.build_pipeline(config, workdir=workdir)` (whose tokenizer sets
+  a None `config.model.vocab_size`), `model` to `build_model(config.model, config.dtype)`.
+  The config is checked before anything is written (ConfigError), then the workdir is locked
+  (WorkdirLockedError while another live run holds it). Raises NonFiniteLossError naming the
+  step of a NaN/inf loss and how to rewind (`config.restore_step`), and
+  checkpoints.IncompatibleCheckpointError when the checkpoints have other parameter shapes.
   """
   config_checks.validate_run_config(config, jax.device_count())
   if pipeline is None:
@@ -85,7 +76,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   config_dict = config.to_dict()
 
   # Mesh and model state; resume from the latest good checkpoint (or rewind to restore_step).
-  placement = parallel.Placement.from_config(config)
+  placement = Placement.from_config(config)
   state = create_train_state(config, jax.random.PRNGKey(config.seed), mesh=placement.mesh,
                              model=model)
   _console(f"Model: {size(state.params):,} parameters on {jax.device_count()} devices "
@@ -161,7 +152,7 @@ def _input_pipeline(config, workdir: str, pipeline):
   `config.model.vocab_size` is set from its tokenizer."""
   if pipeline is None:
     from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
-    pipeline = parallel.primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
+    pipeline = primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
   if config.model.vocab_size is None:
     config.model.vocab_size = pipeline.tokenizer.vocab_size
   return pipeline
@@ -262,14 +253,13 @@ def _close(feeder, iterator, manager, writer, stop) -> None:
 
 
 def _diagnostics_step(config, model):
-  """`diagnostics_step` on the explicit attention path, whose softmax gives the entropy: a
-  fused config's model is rebuilt as explicit (same parameters; "auto" takes the explicit
-  path by itself while intermediates are collected). A caller's own `model` is used as it is
-  (no entropy if it sows no probabilities)."""
-  if model is not None or config.model.attention_impl in ("explicit", "auto"):
+  """`diagnostics_step` on the explicit attention path, whose softmax probabilities give the
+  entropy: a fused config's model is rebuilt as explicit (same parameters; "auto" is explicit
+  while intermediates are collected). A caller's own `model` is used as it is."""
+  if model is not None or config.model.attention_impl != "fused":
     return diagnostics_step
   explicit = config.model.copy_and_resolve_references()
   explicit.attention_impl = "explicit"
-  return functools.partial(diagnostics_step,
-                           apply_fn=build_model(explicit, dtype=config.dtype).apply)
-
+  apply_fn = build_model(explicit, dtype=config.dtype).apply
+  return lambda state, batch, axis_name=None: diagnostics_step(state.replace(apply_fn=apply_fn),
+                                                               batch)
