@@ -202,4 +202,9 @@ def test_unknown_optimizer_is_a_config_error_naming_the_choices():
     config_checks.validate_config(config)
   with pytest.raises(ValueError, match="optimizer.name='sgd' is unknown"):
     optimizer.make_optimizer(config)
-  assert optimizer.optimizer_name(ml_collections.ConfigDict({})) == "adamw"   # older configs
+  del config.optimizer.name   # configs saved before the field existed get AdamW
+  adamw = tiny_config("preln")
+  adamw.optimizer.name = "adamw"
+  params = {"h": {"kernel": jnp.zeros((2, 2))}}
+  assert (jax.tree.structure(optimizer.make_optimizer(config).init(params))
+          == jax.tree.structure(optimizer.make_optimizer(adamw).init(params)))

@@ -1,10 +1,6 @@
 """GLUE fine-tuning of a pretrained encoder, one task per run: the recipe (`finetune_defaults`),
-the task loss that the training step (training/step.py) minimises, and the loop,
-`finetune(pretrained_workdir, task)`.
-
-The command line, what it writes and the recipe in words are in `simplified_flax/finetune.py`
-(`python -m simplified_flax.finetune --help`). A NaN or infinite loss stops the run with
-NonFiniteLossError (runs/nonfinite.py).
+the task loss that training/step.py's train step minimises, and the loop `finetune`. The
+command line, what it writes and the recipe in words: `python -m simplified_flax.finetune`.
 """
 import copy
 import functools
@@ -110,10 +106,11 @@ def _pretrain_config(pretrained_workdir: str, config):
 
 def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None, *,
              config=None, ft=None, tensorboard: bool = False) -> dict:
-  """Fine-tunes the latest checkpoint of `pretrained_workdir` on a GLUE task.
-
-  `config` defaults to the run's `config.json`, `ft` to `finetune_defaults()`. Returns (and
+  """Fine-tunes the latest checkpoint of `pretrained_workdir` on a GLUE task; returns (and
   writes to `workdir/result.json`) {"task", "score", "metrics", "pretrained_step", ...}.
+
+  `config` defaults to the run's `config.json`, `ft` to `finetune_defaults()`. A NaN or
+  infinite loss stops the run with NonFiniteLossError.
   """
   task = tasks.get_task(task_name)
   ft = ft if ft is not None else finetune_defaults()
@@ -182,8 +179,8 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
 
 
 def _flush(pending: list[tuple[int, dict]], writer) -> list:
-  """Checks the pending steps' metrics and writes one row at the last of them: the mean loss
-  over them, the last grad norm and learning rate. Returns an empty list."""
+  """Checks the pending steps' metrics and writes one row at the last of them (mean loss, last
+  grad norm and learning rate); returns an empty list."""
   if not pending:
     return []
   pending = [(s, jax.device_get(m)) for s, m in pending]

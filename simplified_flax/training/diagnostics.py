@@ -74,11 +74,8 @@ def attention_entropy(probs_BHQK: jax.Array) -> jax.Array:
 
 
 def gain_metrics(params: Mapping[str, Any]) -> Dict[str, jax.Array]:
-  """Every trainable gain: `gain/<top module>/<name>` (vectors: `_mean` and `_std`).
-
-  A Value / Proj gain (`resid_gain`, `skip_gain` inside module `value`) is named after its
-  module, `value_resid_gain`, as in the config.
-  """
+  """Every trainable gain: `gain/<top module>/<name>` (vectors: `_mean` and `_std`); a Value /
+  Proj gain (`resid_gain` in module `value`) is named as in the config, `value_resid_gain`."""
   metrics = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     names = leaf_names(path)
@@ -110,9 +107,8 @@ def _per_layer(module: str, leaf):
 def collect(intermediates: Mapping[str, Any], params: Mapping[str, Any]) -> Dict[str, jax.Array]:
   """Flat `{"<metric>/layer_<l>": f32[]}` from a model's sown intermediates, plus the gains.
 
-  `intermediates` is what `model.apply(..., mutable=["intermediates"])` returns under
-  "intermediates": `hidden` holds one [B, T, D] per block in order; `h_<l>/attn/attn_probs`
-  the softmax of block l (explicit attention only; the entropy is skipped without it), or
+  `intermediates["hidden"]` holds one [B, T, D] per block in order; `h_<l>/attn/attn_probs`
+  the softmax of block l (explicit attention only, else no entropy), or
   `h_<a>_to_<b>/attn/attn_probs` those of scanned layers a..b stacked (model.scan_layers).
   """
   metrics = {}

@@ -159,9 +159,8 @@ def _input_pipeline(config, workdir: str, pipeline):
 
 
 class _PendingMetrics:
-  """The device metrics of dispatched steps not read yet, as (step, metrics) pairs. Reading
-  them waits for the device, so the loop reads only to log, evaluate or checkpoint, or every
-  `MAX_UNREAD_STEPS` steps."""
+  """The (step, device metrics) of dispatched steps not read yet: reading waits for the device,
+  so the loop reads only to log, evaluate or checkpoint, or every `MAX_UNREAD_STEPS` steps."""
 
   def __init__(self, config, workdir: str, placement, manager, writer, progress):
     self._config, self._workdir, self._placement = config, workdir, placement
@@ -214,9 +213,8 @@ def _compile_steps(config, model, placement, abstract_state):
 
 
 def _feed(pipeline, placement, data_state, depth: int):
-  """(iterator, feeder): the training iterator, set to `data_state` when resuming, and the
-  feeder that yields (placed batch, iterator state after it), so that a checkpoint records
-  the data position of the step it saves however far ahead the thread runs."""
+  """(iterator at `data_state`, feeder of (placed batch, iterator state after it)): a
+  checkpoint records the data position of its step however far ahead the thread runs."""
   iterator = pipeline.train_iterator(prefetch=0)   # `feeder` is the one prefetch thread, if any
   if data_state:
     iterator.set_state(data_state)
@@ -227,8 +225,7 @@ def _feed(pipeline, placement, data_state, depth: int):
 
 
 def _evaluate(step: int, eval_fn, state, pipeline, config, placement, writer, progress) -> None:
-  """Evaluates `state` on `config.eval_steps` batches (off the progress clock); writes and
-  prints the result."""
+  """Evaluates `state` on `config.eval_steps` batches off the progress clock; logs the result."""
   with progress.paused():
     result = run_eval(eval_fn, state, pipeline.eval_batches(config.eval_steps), placement)
   writer.write_scalars(step, {k: result[k] for k in ("eval_loss", "eval_perplexity",
@@ -243,9 +240,8 @@ def _close(feeder, iterator, manager, writer, stop) -> None:
   """Stops the input thread, finishes any save in flight and closes the writers; the stop
   request last, so a SIGTERM during the final save waits for it instead of cutting it."""
   feeder.close()
-  iterator_close = getattr(iterator, "close", None)
-  if iterator_close is not None:
-    iterator_close()
+  if hasattr(iterator, "close"):   # the data pipeline's own prefetch thread, if any
+    iterator.close()
   manager.wait_until_finished()
   manager.close()
   writer.close()

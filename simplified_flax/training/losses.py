@@ -25,22 +25,17 @@ def cross_entropy_BT(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
   return jax.nn.logsumexp(logits_BTV, axis=-1) - picked_BT
 
 
-def next_token_weights_BT(segment_ids_BT: jax.Array | None, shape: tuple[int, int]) -> jax.Array:
-  """float32[B, T-1]: 1 where predicting token t+1 from token t is scored."""
-  if segment_ids_BT is None:
-    return jnp.ones((shape[0], shape[1] - 1), jnp.float32)
-  same_doc = segment_ids_BT[:, 1:] == segment_ids_BT[:, :-1]
-  real_target = segment_ids_BT[:, 1:] > 0
-  return (same_doc & real_target).astype(jnp.float32)
-
-
 def targets_and_weights_BT(batch: dict, kind: str) -> tuple[jax.Array, jax.Array]:
   """(int targets [B, T], float32 weights [B, T]) of every position of a batch of `kind`; a
   decoder's last position has weight 0 (it has no next token), so all T positions line up
   with the model's T outputs."""
   if kind == "decoder":
-    inputs_BT = batch["inputs"]
-    weights_BT = next_token_weights_BT(batch.get("segment_ids"), inputs_BT.shape)
+    inputs_BT, segment_ids_BT = batch["inputs"], batch.get("segment_ids")
+    if segment_ids_BT is None:
+      weights_BT = jnp.ones((inputs_BT.shape[0], inputs_BT.shape[1] - 1), jnp.float32)
+    else:   # the target is a real token of the input's document
+      weights_BT = ((segment_ids_BT[:, 1:] == segment_ids_BT[:, :-1])
+                    & (segment_ids_BT[:, 1:] > 0)).astype(jnp.float32)
     return jnp.roll(inputs_BT, -1, axis=1), jnp.pad(weights_BT, ((0, 0), (0, 1)))
   if kind == "encoder":
     return batch["targets"], batch["weights"].astype(jnp.float32)

@@ -21,7 +21,6 @@ from simplified_flax.runs.config_checks import OPTIMIZERS, SCHEDULES
 DECAYED_LEAVES = ("kernel", "embedding")
 UNDECAYED_LEAVES = ("scale", "bias")
 GAIN_SUFFIX = "_gain"   # trainable gains: never decayed, logged by diagnostics.gain_metrics
-MATRIX_LEAVES = ("kernel",)
 
 
 def warmup_steps(opt_config, num_train_steps: int) -> int:
@@ -88,14 +87,9 @@ def decay_mask(params) -> Any:
                                           params)
 
 
-def optimizer_name(opt_config) -> str:
-  """`optimizer.name`; "adamw" for configs saved before the field existed."""
-  return opt_config.get("name", "adamw")
-
-
 def muon_matrix(path: tuple[str, ...], leaf) -> bool:
   """Whether Muon orthogonalises the leaf at `path`: a weight matrix (or a stack of them)."""
-  return path[-1] in MATRIX_LEAVES and getattr(leaf, "ndim", 0) >= 2
+  return path[-1] == "kernel" and getattr(leaf, "ndim", 0) >= 2
 
 
 def _muon_labels(params):
@@ -139,7 +133,7 @@ def make_optimizer(config) -> optax.GradientTransformation:
   """Global-norm clipping (when `optimizer.grad_clip_norm` > 0), then `optimizer.name`: masked
   AdamW, or Muon with the same schedule and decay mask."""
   o = config.optimizer
-  name = optimizer_name(o)
+  name = o.get("name", "adamw")   # configs saved before the field existed: adamw
   schedule = make_schedule(o, config.num_train_steps)
   if name == "adamw":
     tx = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
@@ -151,9 +145,6 @@ def make_optimizer(config) -> optax.GradientTransformation:
   if o.grad_clip_norm and o.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
   return tx
-
-
-SumGradFn = Callable[[Any, dict, jax.Array], tuple[Any, dict]]
 
 
 def micro_batches(batch: dict, num_micro: int) -> dict:
@@ -168,7 +159,7 @@ def micro_batches(batch: dict, num_micro: int) -> dict:
   return jax.tree.map(split, batch)
 
 
-def accumulate_gradients(sum_grad_fn: SumGradFn, params, batch: dict, num_micro: int):
+def accumulate_gradients(sum_grad_fn: Callable, params, batch: dict, num_micro: int):
   """Sums `sum_grad_fn(params, micro_batch, index) -> (grads, sums)` over `num_micro` parts.
 
   With gradients of a *sum* over rows and scalar sums (loss, token count), the result equals

@@ -1,9 +1,7 @@
 """The pure training API: a train state, one optimiser step, one evaluation step.
 
     state = create_train_state(config, jax.random.PRNGKey(0))    # config.model.vocab_size set
-    train = jax.jit(train_step, donate_argnums=0)
-    for tokens_BT in batches:
-      state, metrics = train(state, {"inputs": tokens_BT})         # {"loss", "grad_norm", ...}
+    state, metrics = jax.jit(train_step, donate_argnums=0)(state, {"inputs": tokens_BT})
     sums = jax.jit(eval_step)(state, batch)                        # {"loss_sum", "weight_sum"}
     diag = jax.jit(diagnostics_step)(state, batch)                 # diagnostics scalars
 
@@ -28,9 +26,6 @@ from simplified_flax.training import losses
 from simplified_flax.training import optimizer
 from simplified_flax.training import placement
 from simplified_flax.model.transformer import build_model
-
-# Model collections that are outputs of `apply`, never state.
-_OUTPUT_COLLECTIONS = ("intermediates",)
 
 # loss_fn(state, params, batch, *, train, key) -> {"loss_sum", "weight_sum", ...}: float32 sums.
 LossFn = Callable[..., dict[str, jax.Array]]
@@ -66,17 +61,10 @@ def _validate(config) -> None:
                      "(the training script does this from config.data).")
 
 
-def _raw_key(rng) -> jax.Array:
-  if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-    return jax.random.key_data(rng)
-  return jnp.asarray(rng, jnp.uint32)
-
-
 def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
-  """A fresh state: model init from `rng`, optimiser state, step 0; with a `mesh`, created
-  directly in its shardings. `model` defaults to `build_model(config.model, config.dtype)`;
-  any linen module with the same call signature works (GLUE's classifier).
-  """
+  """A fresh state (model init from `rng`, step 0), with a `mesh` made in its shardings.
+  `model` defaults to `build_model(config.model, config.dtype)`; any linen module with the
+  same call signature works (GLUE's classifier)."""
   _validate(config)
   model = model if model is not None else build_model(config.model, dtype=config.dtype)
   tx = optimizer.make_optimizer(config)
@@ -89,13 +77,14 @@ def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
     init_key, train_key = jax.random.split(rng)
     variables = model.init({"params": init_key}, tokens_BT)
     params = variables["params"]
-    constants = {k: v for k, v in variables.items()
-                 if k != "params" and k not in _OUTPUT_COLLECTIONS}
+    constants = {k: v for k, v in variables.items()   # intermediates: outputs, never state
+                 if k not in ("params", "intermediates")}
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, constants=constants,
                       opt_state=tx.init(params), rng=train_key, apply_fn=model.apply, tx=tx,
                       schedule=schedule, spec=spec)
 
-  rng = _raw_key(rng)
+  typed_key = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+  rng = jax.random.key_data(rng) if typed_key else jnp.asarray(rng, jnp.uint32)
   abstract = jax.eval_shape(init, rng)
   not_f32 = [jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_leaves_with_path(
       abstract.params) if x.dtype != jnp.float32]
@@ -107,8 +96,7 @@ def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
   return jax.jit(init, out_shardings=placement.state_shardings(abstract, mesh))(rng)
 
 
-def apply_model(state: TrainState, params, batch: dict, *, train: bool, key=None,
-                **kwargs) -> jax.Array:
+def apply_model(state: TrainState, params, batch: dict, *, train: bool, key=None, **kwargs):
   """The model's output on `batch` (LM: float32 logits [B, T, V]; `return_hidden=True`: the
   final hidden states [B, T, D]); `key` draws the dropout when `train`."""
   return state.apply_fn({"params": params, **state.constants}, batch["inputs"],
@@ -135,11 +123,10 @@ def train_step(state: TrainState, batch: dict, axis_name: str | None = None,
                loss_fn: LossFn | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimiser update on the weighted-mean loss of `batch` (all rows of all devices).
 
-  `loss_fn` defaults to the model's token loss; GLUE fine-tuning passes its task loss.
-  Gradients of the summed loss are added over `grad_accum_steps` micro-batches (and devices
-  under pmap) before dividing by the summed weight, so accumulation and data parallelism give
-  the update of one big batch. Metrics: "loss" (this batch, before the update), "grad_norm"
-  (before clipping) and "learning_rate" (used by this update).
+  `loss_fn` defaults to the model's token loss (GLUE passes its task loss). Gradients of the
+  summed loss are added over micro-batches and devices before dividing by the summed weight,
+  so accumulation and data parallelism give the update of one big batch. Metrics: "loss"
+  (before the update), "grad_norm" (before clipping), "learning_rate" (of this update).
   """
   loss_fn = loss_fn or _loss_sums
   step_key = jax.random.fold_in(state.rng, state.step)
