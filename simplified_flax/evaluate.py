@@ -1,14 +1,13 @@
-"""Evaluation: the eval loss of a state, and the CLI that evaluates a workdir's latest checkpoint.
+"""Evaluation: the CLI that evaluates a workdir's latest checkpoint, and the library calls.
 
     python -m simplified_flax.evaluate --workdir=DIR [--eval_steps=N] [--step=S] [--quantize=w8a8]
 
-restores the latest good checkpoint of DIR (or the kept step S) with the config saved there
-(`config.json`) and prints one JSON line {"step", "eval_loss", "eval_perplexity",
-"eval_tokens"} for the first N (default: the config's `eval_steps`) batches of the validation
-split. `--quantize=w8|a8|w8a8` evaluates the same batches again with every linear layer's
-weights (per output channel) and/or inputs (per tensor) fake-quantised to int8
-(model/quantize.py) and adds "quantized_eval_loss" and "quantized_loss_increase" beside the
-full-precision "eval_loss".
+restores the latest good checkpoint of DIR (or the kept step S) with its saved `config.json`
+and prints one JSON line {"step", "eval_loss", "eval_perplexity", "eval_tokens"} for the first
+N (default: the config's `eval_steps`) validation batches. `--quantize=w8|a8|w8a8` scores the
+same batches again with every linear layer's weights (per output channel) and/or inputs (per
+tensor) fake-quantised to int8 (model/quantize.py), adding "quantized_eval_loss" and
+"quantized_loss_increase".
 """
 import json
 

@@ -128,7 +128,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
   # Configs, pretrained encoder, tokenizer, data.
   task = glue.get_task(task_name)
   ft = ft if ft is not None else finetune_defaults()
-  config_checks.validate_finetune_config(ft)   # before the output folder is created
+  config_checks.validate_finetune_config(ft, config)   # before the output folder is created
   workdir = workdir or os.path.join(pretrained_workdir, "glue", task.name)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)   # epath: gs://... works too
   saved = load_config(pretrained_workdir)

@@ -15,6 +15,7 @@ from etils import epath
 import jax
 
 from simplified_flax import storage
+from simplified_flax.config_files import CONFIG_FILE
 from simplified_flax.data.prefetch import Prefetcher
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import config_checks
@@ -26,7 +27,7 @@ from simplified_flax.runs import stop_request
 from simplified_flax.runs import workdir_lock
 from simplified_flax.runs.nonfinite import NonFiniteLossError
 from simplified_flax.training import placement as parallel
-from simplified_flax.training.evaluation import CONFIG_FILE, run_eval
+from simplified_flax.training.evaluation import run_eval
 from simplified_flax.model.parameters import size
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,

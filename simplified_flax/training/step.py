@@ -58,14 +58,6 @@ class TrainState:
   spec: StepSpec = struct.field(pytree_node=False)
 
 
-def _validate(config) -> None:
-  from simplified_flax.runs import config_checks  # pylint: disable=import-outside-toplevel
-  config_checks.validate_config(config)   # model, training, optimiser (no data, no devices)
-  if config.model.vocab_size is None:
-    raise ValueError("model.vocab_size is unset: set it to the tokenizer's vocabulary size "
-                     "(the training script does this from config.data).")
-
-
 def _raw_key(rng) -> jax.Array:
   if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
     return jax.random.key_data(rng)
@@ -79,7 +71,9 @@ def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
   `model` defaults to `build_model(config.model, dtype=config.dtype)`; any linen module with
   the same call signature works.
   """
-  _validate(config)
+  if config.model.vocab_size is None:   # the one field a checked config may leave unset
+    raise ValueError("model.vocab_size is unset: set it to the tokenizer's vocabulary size "
+                     "(the training script does this from config.data).")
   model = model if model is not None else build_model(config.model, dtype=config.dtype)
   tx = optim.make_optimizer(config)
   schedule = optim.make_schedule(config.optimizer, config.num_train_steps)
