@@ -32,8 +32,7 @@ class UnknownOverrideError(ValueError):
 
 
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
-  """The last `--flag=value` of `argv` ("true" for a bare `--flag`), else None: for decisions
-  made before absl parses the flags."""
+  """The last `--flag=value` of `argv` ("true" for a bare `--flag`), else None."""
   given = [a.split("=", 1)[1] if "=" in a else "true" for a in argv
            if a == f"--{flag}" or a.startswith(f"--{flag}=")]
   return given[-1] if given else None
@@ -55,9 +54,8 @@ def start(argv: Sequence[str]) -> flags.FlagValues:
 
 
 def _drop_orbax_background_tracebacks(record) -> bool:
-  """Orbax's save threads log the traceback of a failed write (a full disk: 300 lines) and the
-  same error reaches the main thread, which `run` prints as one line: records whose traceback
-  passes through Orbax are dropped."""
+  """Orbax's save threads log the traceback of a failed write (a full disk: 300 lines) that
+  `run` prints as one line: log records whose traceback passes through Orbax are dropped."""
   if not record.exc_info or record.exc_info[2] is None:
     return True
   paths = [record.pathname] + [f.filename for f in traceback.extract_tb(record.exc_info[2])]
@@ -93,8 +91,8 @@ def with_flag(overrides: dict, field: str, flag_value) -> dict:
 
 
 def exit_on_sigterm() -> None:
-  """Until the training loop installs its own handler, SIGTERM exits 0 with one line: before
-  the first step there is nothing to save. Entry points call this before their slow imports."""
+  """Until the training loop installs its own handler, SIGTERM exits 0 with one line (nothing
+  to save before the first step); entry points call this before their slow imports."""
   def stop(signum, frame):
     del signum, frame
     print("Stopped by SIGTERM outside the training loop: every completed checkpoint stays; "
@@ -119,27 +117,23 @@ def run(main: Callable[[list[str]], None], program: str) -> None:
     if not done.code:
       distributed_failure.mark_done()
     raise
-  except KeyboardInterrupt:
-    raise
-  except BaseException as error:  # pylint: disable=broad-except
+  except Exception as error:  # pylint: disable=broad-except
     lost = distributed_failure.explain(error_chain(error))
-    if lost is not None:
-      if verbose:
-        traceback.print_exc()
-      distributed_failure.stop(lost, program)
     status = exit_status(error)
-    if status is None:
+    if lost is None and status is None:
       raise   # a bug: keep the traceback
     if verbose:
       traceback.print_exc()
+    if lost is not None:
+      distributed_failure.stop(lost, program)   # one line, status 1
     print(f"{program}: error: {one_line(error)}"
           + ("" if verbose else " (--verbose shows the traceback)"), file=sys.stderr, flush=True)
     sys.exit(status)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's parsing, with a mistyped config field reported as UnknownOverrideError (with the
-  nearest field name) and any other parse failure as a usage error."""
+  """absl's parsing; a mistyped config field is an UnknownOverrideError, any other failure a
+  usage error."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as error:
@@ -183,9 +177,6 @@ def _config_flags(argv: Sequence[str]):
       yield name, config
 
 
-# ------------------------------------------------------------------------------------------
-# Which errors are the user's.
-# ------------------------------------------------------------------------------------------
 def error_chain(error: BaseException):
   """`error`, its causes and contexts, and the members of exception groups, each once."""
   seen, todo = set(), [error]

@@ -69,10 +69,9 @@ def known_switches() -> tuple[str, ...]:
 
 
 def load(spec: str):
-  """`"name[:switches]"` or `"path.py[:switches]"` -> that file's `get_config(switches)`.
-
-  Raises ConfigSpecError (one line naming the known configs and switches) for a missing file
-  or a switch no shipped config knows, before running any config code."""
+  """`"name[:switches]"` or `"path.py[:switches]"` -> that file's `get_config(switches)`; a
+  missing file or a switch no shipped config knows raises ConfigSpecError (one line naming the
+  known configs and switches) before any config code runs."""
   target, _, arg = spec.partition(":")
   module, shipped = _module_for(target)
   if shipped:
@@ -123,14 +122,9 @@ def _known_text() -> str:
 class ConfigSpecParser(flags.ArgumentParser):
   """absl parser of a --config value through `load` (locked, as ml_collections locks it)."""
 
-  def __init__(self, lock_config: bool = True):
-    self._lock_config = lock_config
-
   def parse(self, argument):
-    if not isinstance(argument, str):
-      return argument
-    config = load(argument)
-    if self._lock_config and callable(getattr(config, "lock", None)):
+    config = load(argument) if isinstance(argument, str) else argument
+    if callable(getattr(config, "lock", None)):
       config.lock()
     return config
 
@@ -138,10 +132,10 @@ class ConfigSpecParser(flags.ArgumentParser):
     return "config object"
 
 
-def define_config_flag(name: str, help_string: str, lock_config: bool = True):
-  """An ml_collections config-file flag (`--name=spec`, `--name.field=value`) resolved by
-  `load`."""
+def define_config_flag(help_string: str = FLAG_HELP):
+  """The ml_collections config-file flag `--config=spec` (overrides `--config.field=value`),
+  its spec resolved by `load`."""
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
-  holder = config_flags.DEFINE_config_file(name, None, help_string, lock_config=lock_config)
-  flags.FLAGS[name].parser = ConfigSpecParser(lock_config)
+  holder = config_flags.DEFINE_config_file("config", None, help_string)
+  flags.FLAGS["config"].parser = ConfigSpecParser()
   return holder

@@ -1,11 +1,10 @@
-"""Parameter counts of a config without allocating the parameters (`jax.eval_shape`).
+"""Parameter counts of a config without allocating the parameters (README, "Parameter counts").
 
-    python -m simplified_flax.params --config=sas_p --config.model.vocab_size=50000
-    python -m simplified_flax.params --config=sas_p:cpu --breakdown
+    python -m simplified_flax.params --config=sas_p:cpu [--config.model.vocab_size=50000] \\
+        [--breakdown]
 
-prints JSON: `total` (every array, fixed anchors included), `trainable` (the `params`
-collection), `non_embedding` (trainable minus token and position embeddings) and, with
-`--breakdown`, trainable counts per top-level module. An unset vocab_size is the configured
+prints JSON: `total` (every array, fixed anchors included), `trainable`, `non_embedding` and,
+with `--breakdown`, trainable counts per top-level module. An unset vocab_size is the
 tokenizer's: 259 for bytes, `data.spm_vocab_size` for SentencePiece.
 """
 import json
@@ -14,10 +13,8 @@ from absl import flags
 
 from simplified_flax import cli
 from simplified_flax.data import tokenizers
-from simplified_flax.model.parameters import count_parameters, variable_shapes
+from simplified_flax.model.parameters import count_parameters   # the library call
 from simplified_flax.runs import config_checks
-
-__all__ = ["count_parameters", "variable_shapes"]
 
 
 def main(argv) -> None:
@@ -31,7 +28,7 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
   from simplified_flax import config_files  # pylint: disable=g-import-not-at-top
-  config_files.define_config_flag("config", config_files.FLAG_HELP)
+  config_files.define_config_flag()
   flags.DEFINE_bool("breakdown", False, "Also print counts per top-level module.")
   flags.mark_flags_as_required(["config"])
   cli.run(main, "simplified_flax.params")

@@ -1,13 +1,11 @@
-"""Tokenize a config's corpus once into prepared shards, with worker processes.
+"""Tokenize a config's corpus once into prepared shards, with worker processes (README,
+"Prepared shards").
 
     python -m simplified_flax.prepare --config=preln [--config.data.name=lm1b ...] \\
         [--workers=16] [--workdir=DIR]
 
-Prepares the train and eval splits of `config.data` under `data.cache_dir` (default
-`<tfds data dir>/token_shards`; gs:// works too) with progress and an ETA; killed and run
-again, it keeps finished shards. Training then reads the shards (README, "Data"). A
-SentencePiece tokenizer is trained first when needed and saved in `--workdir` (pass the
-training run's workdir so both use the same model).
+Killed and run again, it keeps finished shards. A SentencePiece tokenizer is trained first
+when needed and saved in `--workdir` (the training run's, so that both use the same model).
 """
 import os
 
@@ -47,7 +45,7 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
   from simplified_flax import config_files  # pylint: disable=g-import-not-at-top
-  config_files.define_config_flag("config", config_files.FLAG_HELP)
+  config_files.define_config_flag()
   flags.DEFINE_integer("workers", 0, "Tokenizing processes (0: one per CPU core).")
   flags.DEFINE_string("workdir", None, "Where a trained SentencePiece model is kept.")
   flags.mark_flags_as_required(["config"])

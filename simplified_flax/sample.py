@@ -1,15 +1,14 @@
-"""Sample from a trained decoder: the CLI, and the library calls behind it.
+"""Sample from a trained decoder: the command line and the library calls behind it (README,
+"Sampling").
 
     python -m simplified_flax.sample --workdir=DIR --prompt='def fib(n):' \\
         [--prompt=...] [--max_new_tokens=N --temperature=0.8 --top_k=0 --top_p=0.95 --seed=0]
 
-restores the latest good checkpoint of a training run's DIR (with its `config.json` and, for
-SentencePiece, its `tokenizer.model`), continues every prompt in one batch (each stops at the
-end-of-document token or after max_new_tokens) and prints each prompt with its continuation.
-Temperature 0 is greedy decoding. Read-only: safe while a training run still writes to DIR.
+continues every prompt in one batch from the latest good checkpoint of DIR, read-only (safe
+while the run still writes there); temperature 0 is greedy decoding.
 """
 import sys
-from typing import Optional, Sequence
+from typing import Sequence
 
 from absl import app
 from absl import flags
@@ -23,7 +22,7 @@ from simplified_flax.runs import config_checks
 from simplified_flax.training.evaluation import load_config, restore_read_only
 
 
-def restore_variables(workdir: str, config, step: Optional[int] = None):
+def restore_variables(workdir: str, config, step: int | None = None):
   """(variables {"params", "constants"}, step) of the checkpoint `restore_read_only` reads."""
   restored = restore_read_only(workdir, config, step=step)
   return {"params": restored.state.params, **restored.state.constants}, restored.step

@@ -1,19 +1,13 @@
-"""Training: the library API and the command line behind it.
+"""Training: the library API and the command line behind it (README, "Training").
 
-    python -m simplified_flax.train --config=sas_p:cpu --workdir=DIR \\
-        [--config.key=value ...] [--coordinator_address=host:port --num_processes=N --process_id=i]
+    python -m simplified_flax.train --config=sas_p:cpu --workdir=DIR [--config.key=value ...] \\
+        [--coordinator_address=host:port --num_processes=N --process_id=i]
 
-`--config` takes a config name (`sas_p:cpu`, from any folder) or the path of a .py file. A
-workdir that holds checkpoints resumes from the latest good one; `--config.restore_step=N`
-rewinds to a kept step. DIR receives `config.json`, `metrics.jsonl`, `tensorboard/` and
-`checkpoints/`. SIGTERM (or a TPU preemption notice) saves at the next step and exits 0. One run
-per workdir; user errors print one line and exit 2 or 1 (README, "Errors and exit statuses").
-
-Library use: the pure functions of training/step.py, or the whole loop,
+A workdir with checkpoints resumes from the latest good one; SIGTERM saves and exits 0.
+Library use: `train_and_evaluate(config, workdir)`, or the pure functions of training/step.py:
 
     state = create_train_state(config, jax.random.PRNGKey(0))   # model.vocab_size set
     state, metrics = jax.jit(train_step)(state, {"inputs": tokens_BT})
-    train_and_evaluate(config, workdir, pipeline=None)
 """
 from simplified_flax import cli
 
@@ -43,7 +37,7 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
   from simplified_flax import config_files  # pylint: disable=g-import-not-at-top
-  config_files.define_config_flag("config", config_files.FLAG_HELP)
+  config_files.define_config_flag()
   flags.DEFINE_string("workdir", None, "Checkpoints, metrics and config go here.",
                       required=True)
   flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard event files.")

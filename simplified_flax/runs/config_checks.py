@@ -40,10 +40,6 @@ def _is_int(value) -> bool:
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
-  return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def _int_at_least(config, field: str, low: int, meaning: str = "", prefix: str = "") -> None:
   value = attrgetter(field)(config)
   require(_is_int(value) and value >= low,
@@ -55,7 +51,8 @@ def _in_range(config, field: str, low: float, high: float | None = None, *,
               prefix: str = "") -> None:
   """A number in [low, high] (the open ends as asked; high=None: no upper bound)."""
   value = attrgetter(field)(config)
-  ok = _is_number(value) and (value > low if low_open else value >= low) and (
+  number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+  ok = number and (value > low if low_open else value >= low) and (
       high is None or (value < high if high_open else value <= high))
   bound = (f"{'>' if low_open else '>='} {low}" if high is None else
            f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}")
@@ -77,9 +74,8 @@ def validate_model_config(m, require_vocab: bool = True) -> None:
   """Raises ConfigError for a model config (`config.model`) that cannot build a working model;
   `require_vocab=False` accepts an unset vocab_size."""
   require((m.vocab_size is None and not require_vocab) or (m.vocab_size or 0) > 0,
-          f"model.vocab_size={m.vocab_size!r}: set it to the tokenizer's vocabulary size (the "
-          f"training script does this from config.data; pass --config.model.vocab_size=N "
-          f"when building a model directly).")
+          f"model.vocab_size={m.vocab_size!r}: set it to the tokenizer's vocabulary size "
+          f"(training does this from config.data).")
   for name in ("n_layer", "n_embd", "n_head", "context_length", "max_position_embeddings",
                "mlp_width_mult"):
     _int_at_least(m, name, 1, prefix="model.")
@@ -107,8 +103,7 @@ def validate_model_config(m, require_vocab: bool = True) -> None:
 
 
 def _model_structure_rules(m) -> None:
-  """Settings that conflict with each other, and the tied head's loss chunking and padding
-  (absent in configs saved before they existed: the defaults)."""
+  """Settings that conflict with each other; the tied head's loss chunking and padding."""
   if m.parallel_layers:
     require(m.attn_block_skip_gain == 0,
             f"model.attn_block_skip_gain={m.attn_block_skip_gain} has no effect with "
@@ -127,14 +122,11 @@ def _model_structure_rules(m) -> None:
   require(m.attention_impl != "fused" or m.dot_norm_type == "none",
           "model.dot_norm_type='tanh' soft-caps logits, which jax.nn.dot_product_attention "
           "cannot: use model.attention_impl='explicit'.")
-  chunk = m.get("loss_vocab_chunk_size", 0)
-  require(_is_int(chunk) and chunk >= 0,
-          f"model.loss_vocab_chunk_size={chunk!r} must be a whole number of vocabulary "
-          f"entries per loss chunk (e.g. 8192), or 0 to score the full logits.")
-  multiple = m.get("vocab_pad_multiple", 1)
-  require(_is_int(multiple) and multiple > 0,
-          f"model.vocab_pad_multiple={multiple!r} must be a positive integer (1: no padding; "
-          f"128 pads the head's matmul to a multiple of 128).")
+  for name, low, meaning in (
+      ("loss_vocab_chunk_size", 0, " (vocabulary entries per loss chunk; 0: full logits)"),
+      ("vocab_pad_multiple", 1, " (1: no padding; 128 pads the head's matmul to 128s)")):
+    if name in m:   # absent in configs saved before it existed
+      _int_at_least(m, name, low, meaning, prefix="model.")
 
 
 def _training_rules(config) -> None:

@@ -1,14 +1,10 @@
 """Where the computation runs: the mesh, shardings, pmap mode, placing batches.
 
-Two modes run the same pure step functions (`config.parallel.mode`, checked by
-runs/config_checks.py before a placement is built):
-
-* "jit": one `jax.jit` over a ("data", "fsdp") `Mesh`. The batch is split over all devices;
-  the state is replicated or, with `parallel.fsdp > 1`, each large leaf is sharded along
-  "fsdp" on its largest divisible dimension (ZeRO-3 style). Every process hands in only its
-  own rows (`jax.make_array_from_process_local_data`).
-* "pmap": `jax.pmap` over the local devices; the state carries a leading device axis, the local
-  batch becomes [devices, rows per device, ...] and the step averages with `lax.pmean`.
+`config.parallel.mode` "jit": one `jax.jit` over a ("data", "fsdp") mesh; the batch is split
+over all devices, each process handing in its own rows; the state is replicated or, with
+`parallel.fsdp > 1`, each large leaf sharded along "fsdp" (ZeRO-3 style). "pmap": `jax.pmap`
+over the local devices; the state has a leading device axis, the batch is [devices, rows per
+device, ...] and the step averages with `lax.pmean`. The config is checked before (runs/).
 """
 import dataclasses
 from typing import Any, Callable, ClassVar
@@ -147,16 +143,9 @@ class PmapPlacement(Placement):
     return first_device_target(abstract_state)
 
   def place_batch(self, local_batch: dict) -> dict:
-    """[rows, ...] -> [devices, rows per device, ...]."""
+    """[rows, ...] -> [devices, rows per device, ...] (rows split evenly: config_checks)."""
     n = jax.local_device_count()
-
-    def split(x):
-      x = np.asarray(x)
-      if x.shape[0] % n:
-        raise ValueError(f"{x.shape[0]} local rows do not split over {n} local devices.")
-      return x.reshape(n, x.shape[0] // n, *x.shape[1:])
-
-    return {k: split(v) for k, v in local_batch.items()}
+    return {k: np.asarray(v).reshape(n, -1, *np.shape(v)[1:]) for k, v in local_batch.items()}
 
   def compile_step(self, step_fn, abstract_state, returns_state=True):
     del abstract_state   # replicated along the device axis
