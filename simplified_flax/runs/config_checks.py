@@ -36,14 +36,14 @@ def one_of(value, allowed, field: str) -> None:
   require(value in allowed, f"{field}={value!r} is unknown: use one of {list(allowed)}.")
 
 
-def _is_int(value) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _int_at_least(config, field: str, low: int, meaning: str = "", prefix: str = "") -> None:
+def _int_at_least(config, field: str, low: int, meaning: str = "", prefix: str = "", *,
+                  unset: str = "") -> None:
+  """An integer >= low; given `unset` (what None means), None too."""
   value = attrgetter(field)(config)
-  require(_is_int(value) and value >= low,
-          f"{prefix}{field}={value!r} must be an integer >= {low}{meaning}.")
+  is_int = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+  require((unset and value is None) or (is_int and value >= low),
+          f"{prefix}{field}={value!r} must be {f'unset ({unset}) or ' if unset else ''}an "
+          f"integer >= {low}{meaning}.")
 
 
 def _in_range(config, field: str, low: float, high: float | None = None, *,
@@ -130,11 +130,11 @@ def _model_structure_rules(m) -> None:
 
 
 def _training_rules(config) -> None:
-  for name in ("batch_size", "num_train_steps"):
+  for name in ("batch_size", "num_train_steps", "grad_accum_steps"):
     _int_at_least(config, name, 1)
-  accum = config.grad_accum_steps
-  require(_is_int(accum) and accum >= 1 and config.batch_size % accum == 0,
-          f"grad_accum_steps={accum!r} must be >= 1 and divide batch_size={config.batch_size}.")
+  require(config.batch_size % config.grad_accum_steps == 0,
+          f"grad_accum_steps={config.grad_accum_steps} must divide batch_size="
+          f"{config.batch_size}.")
   one_of(config.dtype, tuple(transformer.DTYPES), "dtype")
   _int_at_least(config, "log_every_steps", 0, " (0: log the last step only)")
   _int_at_least(config, "eval_every_steps", 0, " (0: never evaluate)")
@@ -147,10 +147,8 @@ def _training_rules(config) -> None:
   require(keep_every == 0 or every == 0 or keep_every % every == 0,
           f"keep_every_steps={keep_every} is not a multiple of checkpoint_every_steps="
           f"{every}: no saved step would be kept; use a multiple (e.g. {every * 10}).")
-  restore = config.restore_step
-  require(restore is None or (_is_int(restore) and restore >= 0),
-          f"restore_step={restore!r} must be unset (the latest good checkpoint), 0 (start "
-          f"over) or a kept checkpoint step.")
+  _int_at_least(config, "restore_step", 0, " (0: start over; else a kept checkpoint step)",
+                unset="the latest good checkpoint")
   _int_at_least(config, "diagnostics_every", 0, " (0: never)")
   _int_at_least(config, "seed", 0)
 
@@ -177,9 +175,7 @@ def _optimizer_rules(config) -> None:
   one_of(o.schedule, SCHEDULES, "optimizer.schedule")
   _in_range(config, "optimizer.warmup_fraction", 0, 1)
   _in_range(config, "optimizer.learning_rate", 0, low_open=True)
-  require(o.warmup_steps is None or (_is_int(o.warmup_steps) and o.warmup_steps >= 0),
-          f"optimizer.warmup_steps={o.warmup_steps!r} must be unset (use warmup_fraction) "
-          f"or an integer >= 0.")
+  _int_at_least(config, "optimizer.warmup_steps", 0, unset="use warmup_fraction")
   _in_range(config, "optimizer.weight_decay", 0)
   for beta in ("b1", "b2"):
     _in_range(config, f"optimizer.{beta}", 0, 1, high_open=True)
@@ -221,8 +217,7 @@ def validate_finetune_config(ft, pretrain_config=None) -> None:
     _int_at_least(ft, name, 0, " (0: all)", prefix="finetune.")
   _int_at_least(ft, "seed", 0, prefix="finetune.")
   _in_range(ft, "learning_rate", 0, low_open=True, prefix="finetune.")
-  require(ft.seq_len is None or (_is_int(ft.seq_len) and ft.seq_len >= 1),
-          f"finetune.seq_len={ft.seq_len!r} must be unset (the model's context_length) or >= 1.")
+  _int_at_least(ft, "seq_len", 1, prefix="finetune.", unset="the model's context_length")
   _in_range(ft, "warmup_fraction", 0, 1, prefix="finetune.")
   _in_range(ft, "dropout_rate", 0, 1, high_open=True, prefix="finetune.")
   _in_range(ft, "weight_decay", 0, prefix="finetune.")
