@@ -3,7 +3,7 @@ workdir stays absent, no tokenizer is trained, no dataset prepared."""
 import pytest
 
 import configs
-from simplified_flax.model.checks import ConfigError
+from simplified_flax.runs.config_checks import ConfigError
 from simplified_flax.runs.config_checks import validate_run_config
 from simplified_flax.train import train_and_evaluate
 

@@ -17,7 +17,7 @@ from simplified_flax.runs import checkpoints
 from simplified_flax.glue import classifier
 from simplified_flax.glue import tasks
 from simplified_flax.data import ByteTokenizer, CheckpointableIterator, mlm
-from simplified_flax.training.evaluation import CONFIG_FILE
+from simplified_flax.config_files import CONFIG_FILE
 from simplified_flax.model.transformer import build_model
 
 T = 32

@@ -199,7 +199,7 @@ def test_unknown_optimizer_is_a_config_error_naming_the_choices():
   config.optimizer.name = "sgd"
   with pytest.raises(config_checks.ConfigError,
                      match=r"optimizer.name='sgd' is unknown: use one of \['adamw', 'muon'\]"):
-    config_checks.validate_config(config)
+    config_checks.validate_run_config(config)
   with pytest.raises(ValueError, match="optimizer.name='sgd' is unknown"):
     optimizer.make_optimizer(config)
   del config.optimizer.name   # configs saved before the field existed get AdamW

@@ -114,7 +114,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
   """
   task = tasks.get_task(task_name)
   ft = ft if ft is not None else finetune_defaults()
-  config_checks.validate_finetune_config(ft)   # before the output folder is created
+  config_checks.validate_finetune_config(ft, config)   # before the output folder is created
   workdir = workdir or os.path.join(pretrained_workdir, "glue", task.name)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)   # epath: gs://... works too
   pretrain_config = _pretrain_config(pretrained_workdir, config)

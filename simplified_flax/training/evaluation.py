@@ -9,14 +9,14 @@ from etils import epath
 import jax
 import ml_collections
 
+from simplified_flax.config_files import CONFIG_FILE
 from simplified_flax.runs import checkpoints
+from simplified_flax.runs import config_checks
 from simplified_flax.training import losses
 from simplified_flax.training.placement import Placement, first_device_target, primary_first
 from simplified_flax.model import quantize
 from simplified_flax.model.parameters import parameter_shapes
 from simplified_flax.training.step import create_train_state, eval_step
-
-CONFIG_FILE = "config.json"
 
 
 def run_eval(eval_fn: Callable, state, batches: Iterable[dict], placement) -> dict[str, float]:
@@ -88,6 +88,7 @@ def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None,
   """
   quantizing = quantize.parse_scheme(quantize_scheme) != (False, False)   # fails before reading
   config = load_config(workdir)
+  config_checks.validate_run_config(config, jax.device_count())
   if pipeline is None:
     from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
     pipeline = primary_first(lambda: build_pipeline(config, workdir=workdir), "data")

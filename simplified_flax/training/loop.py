@@ -11,6 +11,7 @@ from etils import epath
 import jax
 
 from simplified_flax import storage
+from simplified_flax.config_files import CONFIG_FILE
 from simplified_flax.data.prefetch import Prefetcher
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import config_checks
@@ -21,7 +22,7 @@ from simplified_flax.runs import resume
 from simplified_flax.runs import stop_request
 from simplified_flax.runs import workdir_lock
 from simplified_flax.runs.nonfinite import NonFiniteLossError
-from simplified_flax.training.evaluation import CONFIG_FILE, run_eval
+from simplified_flax.training.evaluation import run_eval
 from simplified_flax.training.placement import Placement, primary_first
 from simplified_flax.model.parameters import size
 from simplified_flax.model.transformer import build_model

@@ -53,19 +53,14 @@ class TrainState:
   spec: StepSpec = struct.field(pytree_node=False)
 
 
-def _validate(config) -> None:
-  from simplified_flax.runs import config_checks  # pylint: disable=import-outside-toplevel
-  config_checks.validate_config(config)   # model, training, optimiser (no data, no devices)
-  if config.model.vocab_size is None:
-    raise ValueError("model.vocab_size is unset: set it to the tokenizer's vocabulary size "
-                     "(the training script does this from config.data).")
-
-
 def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
   """A fresh state (model init from `rng`, step 0), with a `mesh` made in its shardings.
   `model` defaults to `build_model(config.model, config.dtype)`; any linen module with the
-  same call signature works (GLUE's classifier)."""
-  _validate(config)
+  same call signature works (GLUE's classifier). `config` is checked already
+  (`runs.config_checks.validate_run_config`)."""
+  if config.model.vocab_size is None:   # the one field a checked config may leave unset
+    raise ValueError("model.vocab_size is unset: set it to the tokenizer's vocabulary size "
+                     "(the training script does this from config.data).")
   model = model if model is not None else build_model(config.model, dtype=config.dtype)
   tx = optimizer.make_optimizer(config)
   schedule = optimizer.make_schedule(config.optimizer, config.num_train_steps)
