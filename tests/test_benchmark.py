@@ -1,6 +1,6 @@
-"""The throughput benchmark's bookkeeping (never its speed): FLOP counts, configs, its output."""
+"""experiments/benchmark.py, the throughput benchmark, and its entry point
+`python -m simplified_flax.benchmark`: bookkeeping (never speed): FLOP counts, configs, output."""
 import json
-import pathlib
 import subprocess
 import sys
 
@@ -8,14 +8,15 @@ import jax
 import pytest
 
 from conftest import TINY_MODEL, tiny_config
-from simplified_flax import benchmark
-from simplified_flax.model import transformer as models
+from simplified_flax.model import transformer
+from test_train_loop import REPO
 
-REPO = pathlib.Path(__file__).parents[1]
+sys.path.insert(0, str(REPO))
+from experiments import benchmark  # pylint: disable=wrong-import-position
 
 
 def init_params(config):
-  model = models.build_model(config.model)
+  model = transformer.build_model(config.model)
   tokens = jax.numpy.zeros((1, config.model.context_length), jax.numpy.int32)
   return model.init(jax.random.key(0), tokens)["params"]
 

@@ -1,59 +1,57 @@
 """Training throughput of several configs, measured round-robin in one process.
 
-    python -m simplified_flax.benchmark --configs=preln,sas,sas_p \
+    python experiments/benchmark.py --configs=preln,sas,sas_p \
         --config.model.attention_impl=fused
-    python -m simplified_flax.benchmark --configs=preln --config.model.n_embd=256 \
+    python experiments/benchmark.py --configs=preln --config.model.n_embd=256 \
         --config.model.n_head=8 --batch_size=16 --breakdown
 
 Configs are variant files of `configs/` (`name` or `name:arg`); every `--config.*` override
 applies to each of them, after BENCH_SHAPE (the paper's width, 6 layers, batch 8, the byte
-vocabulary: a few minutes on a CPU; `--config.model.vocab_size=50257` for GPT-2's).
+vocabulary: a few minutes on a CPU). `python -m simplified_flax.benchmark` runs this script.
 
-What is timed: `train_step` of training/step.py (forward, backward, clipping, AdamW) jitted
-with the state donated, on one fixed batch of random tokens, compiled ahead of time (compile
-seconds are reported apart) and run once before timing. Each round runs `--steps` steps of every
-config in turn, then times one [n, n] `jnp.dot` in the compute dtype: the matmul peak this
-machine reaches right now. Machine drift hits every config and the peak alike; figures are
-medians over rounds, and the table's ratios (`speedup_paired`) are medians of the ratios
+What is timed: `train_step` (forward, backward, clipping, AdamW) jitted with the state donated,
+on one fixed batch of random tokens, compiled ahead of time (compile seconds reported apart)
+and run once before timing. Each round runs `--steps` steps of every config in turn, then
+times one [n, n] `jnp.dot` in the compute dtype: the matmul peak this machine reaches right
+now. Figures are medians over rounds; the ratios (`speedup_paired`) are medians of the ratios
 within each round, which a busy, shared machine disturbs far less than a ratio of medians.
 
   * flops_per_token  6 N + 12 L T D: N the matmul weights (every `kernel`, plus the V x D tied
-    head), 12 L T D the attention scores and weighted values, forward and backward, counting
-    the whole T x T square (the causal half is not discounted). Norms, softmax, gains and the
-    optimiser are not counted.
+    head), 12 L T D the attention scores and weighted values, forward and backward, over the
+    whole T x T square. Norms, softmax, gains and the optimiser are not counted.
   * mfu              flops_per_token * tokens/s / measured matmul peak (same dtype); on a GPU
     or TPU also `mfu_nominal`, against the device's published dense peak.
   * memory_bytes     XLA's buffers for the step (arguments + temporaries + outputs - donated
-    aliases), per config; plus the process's peak (device `peak_bytes_in_use` where the
-    backend reports it, else the process's peak RSS), which is shared by all configs.
+    aliases); the process's peak (device `peak_bytes_in_use`, else peak RSS) is shared by all.
 
-`--breakdown` then profiles each config's step and prints its parts (embedding, attention
-core, block matmuls, norms, head + loss, optimizer) with their time, FLOPs and bytes
-(benchmark_breakdown.py). The last line of stdout is one JSON object keyed by config.
+`--breakdown` then prints each config's step by part (step_breakdown.py). The last line of
+stdout is one JSON object keyed by config.
 """
 import json
 import os
 import resource
 import statistics
+import sys
 import time
 from typing import Any, Dict, List
 
-import jax
-import jax.numpy as jnp
-from absl import flags
-from ml_collections import config_flags
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from simplified_flax import benchmark_breakdown
-from simplified_flax import cli
-from simplified_flax import configs
-from simplified_flax.model import parameters
-from simplified_flax.training import step as train_step
+from absl import flags  # pylint: disable=g-import-not-at-top
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+import configs  # pylint: disable=g-import-not-at-top
+from experiments import step_breakdown  # pylint: disable=g-import-not-at-top
+from simplified_flax import cli  # pylint: disable=g-import-not-at-top
+from simplified_flax.model import parameters  # pylint: disable=g-import-not-at-top
+from simplified_flax.training.step import (  # pylint: disable=g-import-not-at-top
+    create_train_state, train_step)
 
 # The benchmark's shape, applied before the command line's overrides.
 BENCH_SHAPE = {"model.n_layer": 6, "model.n_embd": 768, "model.n_head": 12,
                "model.context_length": 128, "model.vocab_size": 256, "batch_size": 8}
-
-
 # Published dense peaks, FLOP/s: (bfloat16, float32 at JAX's default matmul precision).
 NOMINAL_PEAKS = {
     "TPU v4": (275e12, 275e12), "TPU v5 lite": (197e12, 197e12), "TPU v5p": (459e12, 459e12),
@@ -110,13 +108,13 @@ class Runner:
 
   def __init__(self, spec: str, config):
     self.name, self.config = spec, config
-    self.state = train_step.create_train_state(config, jax.random.PRNGKey(config.seed))
+    self.state = create_train_state(config, jax.random.PRNGKey(config.seed))
     self.counts = parameters.counts({"params": self.state.params, **self.state.constants})
     self.batch = random_batch(config, jax.random.PRNGKey(1))
     self.flops = flops_per_token(config, self.state.params)
+    self.tokens_per_step = config.batch_size * config.model.context_length
     start = time.perf_counter()
-    self.step = jax.jit(train_step.train_step, donate_argnums=0).lower(
-        self.state, self.batch).compile()
+    self.step = jax.jit(train_step, donate_argnums=0).lower(self.state, self.batch).compile()
     self.compile_s = time.perf_counter() - start
     self.memory = memory_bytes(self.step)
     cost = self.step.cost_analysis() or {}
@@ -124,10 +122,6 @@ class Runner:
     self.xla_flops_per_token = float(cost.get("flops", 0.0)) / self.tokens_per_step
     self.run(1)   # first execution allocates; never timed
     self.times: List[float] = []
-
-  @property
-  def tokens_per_step(self) -> int:
-    return self.config.batch_size * self.config.model.context_length
 
   def run(self, steps: int) -> float:
     """Seconds per step over `steps` steps, blocking on the last state."""
@@ -157,9 +151,9 @@ def matmul_peak(dtype, n: int):
 
 
 def nominal_peak(dtype_name: str):
-  kind = jax.devices()[0].device_kind
+  kind = jax.devices()[0].device_kind.lower()
   for key, (bf16, f32) in NOMINAL_PEAKS.items():
-    if key.lower() in kind.lower():
+    if key.lower() in kind:
       return bf16 if dtype_name in ("bfloat16", "float16") else f32
   return None
 
@@ -188,14 +182,14 @@ def measure(runners: List[Runner], rounds: int, steps: int,
 def summarise(runners: List[Runner], peaks: List[float], nominal) -> Dict[str, Dict[str, Any]]:
   process = process_peak_memory()
   peak = statistics.median(peaks)
-  ref_times = runners[0].times
   results = {}
   for r in runners:
     step_s = statistics.median(r.times)
     # Paired: both steps of a round saw about the same machine load.
-    speedup = statistics.median(a / b for a, b in zip(ref_times, r.times))
+    speedup = statistics.median(a / b for a, b in zip(runners[0].times, r.times))
     tokens_per_s = r.tokens_per_step / step_s
     achieved = r.flops["flops_per_token"] * tokens_per_s
+    m = r.config.model
     results[r.name] = {
         "params_total": r.counts["total"], "params_trainable": r.counts["trainable"],
         "params_non_embedding": r.counts["non_embedding"],
@@ -210,10 +204,9 @@ def summarise(runners: List[Runner], peaks: List[float], nominal) -> Dict[str, D
         "memory_bytes": r.memory, "memory_source": "XLA buffer assignment of the step",
         "process_peak_memory_bytes": process["bytes"],
         "process_peak_memory_source": process["source"],
-        "batch_size": r.config.batch_size, "seq_len": r.config.model.context_length,
-        "n_layer": r.config.model.n_layer, "n_embd": r.config.model.n_embd,
-        "vocab_size": r.config.model.vocab_size, "dtype": r.config.dtype,
-        "attention_impl": r.config.model.attention_impl,
+        "batch_size": r.config.batch_size, "seq_len": m.context_length, "n_layer": m.n_layer,
+        "n_embd": m.n_embd, "vocab_size": m.vocab_size, "dtype": r.config.dtype,
+        "attention_impl": m.attention_impl,
     }
   return results
 
@@ -233,16 +226,14 @@ COLUMNS = (  # (header, key, scale, format)
 def table(results: Dict[str, Dict[str, Any]]) -> str:
   """Every column as `value (ratio to the first config)`; a config's own `ratios` (the paired
   timing ratios) take precedence over the ratio of the two values."""
-  names = list(results)
-  ref = results[names[0]]
+  ref = next(iter(results.values()))
   rows = [["config"] + [c[0] for c in COLUMNS]]
-  for name in names:
+  for name, result in results.items():
     row = [name]
     for _, key, scale, fmt in COLUMNS:
-      value, base = results[name][key], ref[key]
-      ratio = results[name].get("ratios", {}).get(key, value / base if base else None)
-      ratio = "" if ratio is None else f" (x{ratio:.3f})"
-      row.append(fmt.format(value * scale) + ratio)
+      value, base = result[key], ref[key]
+      ratio = result.get("ratios", {}).get(key, value / base if base else None)
+      row.append(fmt.format(value * scale) + ("" if ratio is None else f" (x{ratio:.3f})"))
     rows.append(row)
   widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
   return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
@@ -250,7 +241,7 @@ def table(results: Dict[str, Dict[str, Any]]) -> str:
 
 def define_flags():
   """The command's flags; defined only when run as a command, so that importing this module
-  (tests) never clashes with another module's `--config`."""
+  (tests, other experiments) never clashes with another module's `--config`."""
   return {
       "configs": flags.DEFINE_list("configs", ["preln", "sas", "sas_p"], "Variant files of "
                                    "configs/ (name or name:arg); the first is the reference."),
@@ -288,10 +279,10 @@ def main(argv, flag):
         f" MiB ({first['process_peak_memory_source']})")
   print(table(results) + "\n")
   if flag["breakdown"].value:
-    benchmark_breakdown.add_breakdowns(runners, results)
+    step_breakdown.add_breakdowns(runners, results)
   print(json.dumps(results))
 
 
 if __name__ == "__main__":
   _FLAGS = define_flags()
-  cli.run(lambda argv: main(argv, _FLAGS), "simplified_flax.benchmark")
+  cli.run(lambda argv: main(argv, _FLAGS), "experiments/benchmark.py")
