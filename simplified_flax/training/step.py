@@ -106,7 +106,7 @@ def _loss_sums(state: TrainState, params, batch: dict, *, train: bool, key,
   head = state.spec.head
   if head is None:
     logits_BTV = apply_model(state, params, batch, train=train, key=key)
-    with jax.named_scope("loss"):   # names the loss's ops in profiles (experiments/step_breakdown.py)
+    with jax.named_scope("loss"):   # names its ops in profiles (experiments/step_breakdown.py)
       return losses.loss_sums(logits_BTV, batch, state.spec.kind, with_correct)
   hidden_BTD = apply_model(state, params, batch, train=train, key=key, return_hidden=True)
   with jax.named_scope("loss"):
