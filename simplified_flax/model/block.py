@@ -11,7 +11,6 @@ import jax.numpy as jnp
 
 from simplified_flax.model import attention
 from simplified_flax.model import attention_kernels
-from simplified_flax.model import grad_rules
 from simplified_flax.model import kv_cache
 from simplified_flax.model import layers
 from simplified_flax.model import valproj
@@ -52,12 +51,10 @@ class AttentionSubBlock(nn.Module):
     m = self.cfg
     B, T, D = x_BTD.shape
     H = m.n_head
-    qk_BT2D = layers.Linear(2 * D, use_bias=True, kernel_init=_qk_kernel_init(m),
-                            dtype=self.dtype, grad_rules=grad_rules.mode_of(m),
-                            name="c_attn")(x_BTD)
+    qk_BT2D = layers.dense(2 * D, self.dtype, "c_attn", _qk_kernel_init(m), use_bias=True)(x_BTD)
     q_BTD, k_BTD = jnp.split(qk_BT2D, 2, axis=-1)
-    v_BTD = self._linear("value", valproj.value_settings(m, self.layer))(
-        x_BTD, anchors.get("value"))
+    v_BTD = layers.ReparamLinear(valproj.value_settings(m, self.layer), self.dtype,
+                                 name="value")(x_BTD, anchors.get("value"))
     q_BTHd, k_BTHd, v_BTHd = (a.reshape(B, T, H, D // H) for a in (q_BTD, k_BTD, v_BTD))
     if m.qk_norm_type == "rmsnorm":
       q_BTHd = layers.RMSNorm(m.norm_eps, self.dtype, name="q_norm")(q_BTHd)
@@ -80,12 +77,11 @@ class AttentionSubBlock(nn.Module):
       explicit = impl == "explicit"   # which alone can return A, for diagnostics
       out_BTHd = attention.shaped_attention(
           q_BTHd, k_BTHd, v_BTHd, **attn_args, causal=self.causal, key_mask=key_mask,
-          segment_ids=segment_ids, impl=impl, return_probs=explicit,
-          grad_rules_mode=grad_rules.mode_of(m))
+          segment_ids=segment_ids, impl=impl, return_probs=explicit)
       if explicit:
         out_BTHd, probs_BHTT = out_BTHd
         self.sow("intermediates", "attn_probs", probs_BHTT)
-    return self._linear("proj", valproj.proj_settings(m, self.layer))(
+    return layers.ReparamLinear(valproj.proj_settings(m, self.layer), self.dtype, name="proj")(
         out_BTHd.reshape(B, T, D), anchors.get("proj"))
 
   def _impl(self) -> str:
@@ -117,12 +113,6 @@ class AttentionSubBlock(nn.Module):
         var.value = new[name]
     return out_BTHd
 
-  def _linear(self, name: str, s: valproj.LinearSettings) -> layers.ReparamLinear:
-    return layers.ReparamLinear(
-        resid_gain=s.resid_gain, skip_gain=s.skip_gain, init_type=s.init_type,
-        trainable_gains=s.trainable_gains, init_std=s.init_std, dtype=self.dtype,
-        grad_rules=grad_rules.mode_of(self.cfg), name=name)
-
 
 class Block(nn.Module):
   """One block, sequential or parallel (docs/model.md, Eqs. (1) and (2)), x [B, T, D] ->
@@ -145,9 +135,7 @@ class Block(nn.Module):
     norm1 = layers.make_norm(norm_type, m.norm_eps, self.dtype, "norm1")
     norm2 = layers.make_norm(m.norm_type, m.norm_eps, self.dtype, "norm2")
     attn = AttentionSubBlock(m, self.layer, self.causal, self.dtype, name="attn")
-    mlp = layers.MLP(width_mult=m.mlp_width_mult, activation=m.activation,
-                     lrelu_neg_slope=m.lrelu_neg_slope, proj_init_std=m.mlp_proj_init_std,
-                     dtype=self.dtype, grad_rules=grad_rules.mode_of(m), name="mlp")
+    mlp = layers.MLP(m, self.dtype, name="mlp")
     drop = nn.Dropout(m.dropout_rate, deterministic=not train)
     attn_fn = lambda h: drop(attn(h, anchors, key_mask=key_mask, segment_ids=segment_ids,
                                   cache_index=cache_index, lengths=lengths))

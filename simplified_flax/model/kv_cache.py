@@ -91,5 +91,6 @@ def cached_shaped_attention(q_BQHd, k_BQHd, v_BQHd, cache: Cache, index_B, lengt
                                       impl="fused")   # A v (a gain of 1 is exact)
   mean_BQHd, new["value_sum"] = running_centred_values(cache["value_sum"], v_BQHd, index_B,
                                                        lengths_B)
-  return attention.combine_fused_terms(attended_BQHd, resid_gain, skip_gain, v_BQHd,
-                                       centre_gain, mean_BQHd), new
+  terms = [] if skip_gain is None else [(skip_gain, v_BQHd)]
+  terms.append((centre_gain, -mean_BQHd))
+  return attention.combine_fused_terms(attended_BQHd, resid_gain, terms), new

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from simplified_flax.model import checks
+from simplified_flax.model import grad_rules
 from simplified_flax.model import layer_stack
 from simplified_flax.model import layers
 from simplified_flax.model import masks
@@ -54,7 +54,13 @@ class Transformer(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False,
+  def __call__(self, tokens_BT, **kwargs):
+    """Traces the model under the gradient rules `model.grad_rules` chooses (grad_rules.py):
+    the one place they are chosen. Keyword arguments as `_forward`."""
+    with grad_rules.chosen(grad_rules.mode_of(self.cfg)):
+      return self._forward(tokens_BT, **kwargs)
+
+  def _forward(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False,
                decode: bool = False, lengths=None, return_hidden: bool = False):
     """`lengths` [B] (decode only): how many leading tokens of each row are real (default T);
     the cache index of row b advances by lengths[b]. `return_hidden`: return the final
@@ -91,12 +97,11 @@ class Transformer(nn.Module):
     x_BTD = nn.LayerNorm(epsilon=m.norm_eps, dtype=self.dtype, name="ln_f")(x_BTD)
     if return_hidden:
       return x_BTD
-    # Tied head (layers.TiedHead: float32 logits for a stable softmax cross-entropy). With
-    # vocab_pad_multiple the matmul runs on a zero-padded table and the padded columns are cut
-    # off again, so no caller (loss, sampling, metrics) ever sees them.
+    # With vocab_pad_multiple the head's matmul runs on a zero-padded table and the padded
+    # columns are cut off again, so no caller (loss, sampling, metrics) ever sees them.
     padded = multiple_of(m.vocab_size, m.get("vocab_pad_multiple", 1))
     table_VD = jnp.pad(wte.embedding, ((0, padded - m.vocab_size), (0, 0)))
-    return layers.TiedHead(self.dtype, name="head")(x_BTD, table_VD)[..., :m.vocab_size]
+    return layers.tied_head(x_BTD, table_VD, self.dtype)[..., :m.vocab_size]
 
   def _advance_cache(self, B, T, *, lengths, segment_ids, key_mask, train):
     """(cache index [B] where this chunk starts, lengths [B]); moves the index past the chunk."""
@@ -123,8 +128,8 @@ def TransformerEncoder(cfg, dtype=jnp.float32, **kwargs) -> Transformer:
 
 
 def build_model(model_config, dtype="float32") -> Transformer:
-  """The model `model_config.kind` names ("decoder" or "encoder"), computing in `dtype`."""
-  checks.validate_model_config(model_config)
+  """The model `model_config.kind` names ("decoder" or "encoder"), computing in `dtype`; the
+  config is trusted (runs/config_checks.py checks it once per start)."""
   compute_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
   make = TransformerLM if model_config.kind == "decoder" else TransformerEncoder
   return make(model_config, dtype=compute_dtype)

@@ -10,10 +10,9 @@ The anchors are drawn once, at init, by `anchor_matrices` for the whole stack, b
 import dataclasses
 from typing import Dict, Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-
-from simplified_flax.model import layers
 
 TIE_MODES = ("none", "all_blocks", "last_block")
 
@@ -28,7 +27,12 @@ class LinearSettings:
 
   @property
   def form(self) -> str:
-    return layers.linear_form(self.resid_gain, self.skip_gain, self.init_type)
+    """"plain", "identity" or "reparam" (docs/model.md, "Value and Proj")."""
+    if self.skip_gain is None:
+      return "plain"
+    if self.skip_gain == 1 and self.resid_gain == 0 and self.init_type == "id":
+      return "identity"
+    return "reparam"
 
 
 def value_settings(m, layer: int) -> LinearSettings:
@@ -49,6 +53,16 @@ def proj_settings(m, layer: int) -> LinearSettings:
                         init_std=m.val_proj_init_std)
 
 
+def anchor_matrix(key, init_type: str, dim: int) -> jax.Array:
+  """A fixed W0 (Eq. (7)): identity, random orthogonal or N(0, 1/D)."""
+  if init_type == "id":
+    return jnp.eye(dim, dtype=jnp.float32)
+  if init_type == "orth":
+    return nn.initializers.orthogonal()(key, (dim, dim), jnp.float32)
+  assert init_type == "normal", init_type
+  return jax.random.normal(key, (dim, dim), jnp.float32) * dim ** -0.5
+
+
 def anchor_matrices(key, m) -> Dict[str, Dict[str, jax.Array]]:
   """{"layer_<l>": {"value": W0, "proj": W0}} for every reparameterised Value/Proj."""
   D = m.n_embd
@@ -60,9 +74,9 @@ def anchor_matrices(key, m) -> Dict[str, Dict[str, jax.Array]]:
     entry = {}
     value_DD = proj_DD = jnp.eye(D, dtype=jnp.float32)
     if v_set.form == "reparam":
-      value_DD = entry["value"] = layers.anchor_matrix(value_key, v_set.init_type, D)
+      value_DD = entry["value"] = anchor_matrix(value_key, v_set.init_type, D)
     if p_set.form == "reparam":
-      proj_DD = layers.anchor_matrix(proj_key, p_set.init_type, D)
+      proj_DD = anchor_matrix(proj_key, p_set.init_type, D)
       if m.tie_valproj_init == "all_blocks":
         proj_DD = value_DD.T
       elif m.tie_valproj_init == "last_block" and layer == m.n_layer - 1:
