@@ -12,7 +12,6 @@ import configs
 from conftest import DECODER_VARIANTS, ENCODER_VARIANTS, load_config, tiny_config
 from simplified_flax import params
 from simplified_flax.runs import config_checks
-from simplified_flax.model import transformer as models
 
 # Trainable parameters of the authors' PyTorch code at L=18, D=768, H=12, V=50000, 1024 positions.
 AUTHORS_COUNTS = {
@@ -77,7 +76,7 @@ BAD_VALUES = [
     ("val_init_type", "xavier", "model.val_init_type='xavier' is unknown"),
     ("attention_impl", "flash", "model.attention_impl='flash' is unknown"),
     ("context_length", 2048, "model.context_length=2048 is longer than the position table"),
-    ("vocab_size", None, "model.vocab_size=None"),
+    ("vocab_size", 0, "model.vocab_size=0"),
     ("n_layer", 0, "model.n_layer=0 must be a positive integer"),
 ]
 
@@ -87,27 +86,27 @@ def test_bad_model_values_name_the_field(field, value, message):
   config = tiny_config("sas")
   config.model[field] = value
   with pytest.raises(config_checks.ConfigError, match=message.replace("(", r"\(")):
-    models.build_model(config.model)
+    config_checks.validate_config(config)
 
 
 def test_structural_conflicts_name_the_field_and_fix():
   config = tiny_config("sas")          # Value/Proj reparameterised: tying is allowed
   config.model.tie_valproj_init = "all_blocks"
-  models.build_model(config.model)
+  config_checks.validate_config(config)
   config = tiny_config("preln")
   config.model.tie_valproj_init = "last_block"
   with pytest.raises(config_checks.ConfigError, match="model.tie_valproj_init='last_block'.*"
                      "set both skip gains"):
-    models.build_model(config.model)
+    config_checks.validate_config(config)
   config = tiny_config("parallel")
   config.model.attn_block_skip_gain = 1.0
   with pytest.raises(config_checks.ConfigError,
                      match="model.attn_block_skip_gain=1.0 has no effect.*attn_block_skip_gain=0"):
-    models.build_model(config.model)
+    config_checks.validate_config(config)
   config = tiny_config("preln", attention_impl="fused")
   config.model.dot_norm_type = "tanh"
   with pytest.raises(config_checks.ConfigError, match="attention_impl='explicit'"):
-    models.build_model(config.model)
+    config_checks.validate_config(config)
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -130,6 +130,7 @@ def TransformerEncoder(cfg, dtype=jnp.float32, **kwargs) -> Transformer:
 def build_model(model_config, dtype="float32") -> Transformer:
   """The model `model_config.kind` names ("decoder" or "encoder"), computing in `dtype`; the
   config is trusted (runs/config_checks.py checks it once per start)."""
+  assert model_config.kind in ("decoder", "encoder"), model_config.kind
   compute_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
   make = TransformerLM if model_config.kind == "decoder" else TransformerEncoder
   return make(model_config, dtype=compute_dtype)
