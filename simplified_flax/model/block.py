@@ -31,14 +31,12 @@ def _qk_kernel_init(m):
 
 
 class AttentionSubBlock(nn.Module):
-  """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (paper Sec. 4.1;
-  docs/model.md, Eqs. (3)-(7)).
+  """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (Eqs. (3)-(7)):
+  alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain, per head.
 
-  alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain (per head).
-
-  Decoding (`cache_index` [B] given): x holds T new tokens per row at absolute positions
-  cache_index[b] + t, attended against this layer's `cache` collection (see kv_cache.py),
-  of which the first `lengths[b]` are real.
+  Decoding (`cache_index` [B] given): x holds T new tokens per row at positions
+  cache_index[b] + t, of which the first `lengths[b]` are real, attended against this layer's
+  `cache` collection (kv_cache.py).
   """
   cfg: Any     # FrozenConfigDict: the model config
   layer: int
@@ -68,7 +66,7 @@ class AttentionSubBlock(nn.Module):
       centre_H = layers.gain(self, "centre_attn_gain", m.centre_attn_gain,
                              trainable and m.centre_attn_gain != 0, (H,))
     attn_args = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
-                 logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
+                     logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
     impl = self._impl()
     if cache_index is not None:
       out_BTHd = self._attend_cached(q_BTHd, k_BTHd, v_BTHd, attn_args, impl,
@@ -96,10 +94,8 @@ class AttentionSubBlock(nn.Module):
 
   def _attend_cached(self, q_BTHd, k_BTHd, v_BTHd, attn_args, impl, *, index_B, lengths_B):
     """Attends to the cache and appends the new keys and values (not while initialising)."""
-    m = self.cfg
     B, T, H, d = k_BTHd.shape
-    # Created with the shapes of the init call, whose T is the cache length.
-    shape = kv_cache.cache_shape(B, T, H, d)
+    shape = (B, H, T, d)   # [B, H, Tmax, d]: created by the init call, whose T is Tmax
     templates = {"keys": (shape, k_BTHd.dtype), "values": (shape, v_BTHd.dtype),
                  "value_sum": ((B, H, d), jnp.float32)}
     centred = attn_args["centre_gain"] is not None
@@ -115,10 +111,8 @@ class AttentionSubBlock(nn.Module):
 
 
 class Block(nn.Module):
-  """One block, sequential or parallel (docs/model.md, Eqs. (1) and (2)), x [B, T, D] ->
-  [B, T, D].
-
-  The parallel form reads only `norm1`; `norm2` is still created there, as in the authors'
+  """One block, sequential or parallel (Eqs. (1) and (2)), x [B, T, D] -> [B, T, D]. The
+  parallel form reads only `norm1`; `norm2` is still created there, as in the authors'
   code, so that parameter counts and converted checkpoints line up with theirs.
   """
   cfg: Any
@@ -141,11 +135,11 @@ class Block(nn.Module):
                                   cache_index=cache_index, lengths=lengths))
     mlp_fn = lambda h: drop(mlp(h))
 
-    attn_resid = layers.gain(self, "attn_block_resid_gain", m.attn_block_resid_gain,
-                             m.trainable_attn_block_gains)
-    mlp_resid = layers.gain(self, "mlp_block_resid_gain", m.mlp_block_resid_gain,
-                            m.trainable_mlp_block_gains)
-    if m.parallel_layers:   # docs/model.md, Eq. (2)
+    block_gain = lambda name, kind: layers.gain(self, name, m[name],
+                                                m[f"trainable_{kind}_block_gains"])
+    attn_resid = block_gain("attn_block_resid_gain", "attn")
+    mlp_resid = block_gain("mlp_block_resid_gain", "mlp")
+    if m.parallel_layers:   # Eq. (2)
       h_BTD = norm1(x_BTD)
       if m.norm_type != "none":
         norm2(h_BTD)   # created, unread: see the class docstring
@@ -154,21 +148,14 @@ class Block(nn.Module):
         out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD
       return out_BTD.astype(self.dtype)
 
-    # Sequential, docs/model.md, Eq. (1).
-    x_BTD = self._sub_block(x_BTD, norm=norm1, branch=attn_fn, resid_gain=attn_resid,
-                            skip_name="attn_block_skip_gain", skip_value=m.attn_block_skip_gain,
-                            trainable=m.trainable_attn_block_gains)
-    return self._sub_block(x_BTD, norm=norm2, branch=mlp_fn, resid_gain=mlp_resid,
-                           skip_name="mlp_block_skip_gain", skip_value=m.mlp_block_skip_gain,
-                           trainable=m.trainable_mlp_block_gains)
-
-  def _sub_block(self, x_BTD, *, norm, branch, resid_gain, skip_name, skip_value, trainable):
-    """`resid_gain * branch(norm(x)) + skip * x` (one line of Eq. (1)), with the norm placed
-    per norm_position."""
-    if self.cfg.norm_position == "post":
-      x_BTD = norm(x_BTD)
-    h_BTD = norm(x_BTD) if self.cfg.norm_position == "pre" else x_BTD
-    out_BTD = resid_gain * branch(h_BTD)
-    if skip_value != 0:   # a zero skip is omitted, not multiplied by zero
-      out_BTD = out_BTD + layers.gain(self, skip_name, skip_value, trainable) * x_BTD
-    return out_BTD.astype(self.dtype)
+    # Sequential, Eq. (1), with the norm placed per norm_position; a zero skip is omitted.
+    assert m.norm_position in ("pre", "post"), m.norm_position
+    for kind, norm, branch, resid in (("attn", norm1, attn_fn, attn_resid),
+                                      ("mlp", norm2, mlp_fn, mlp_resid)):
+      if m.norm_position == "post":
+        x_BTD = norm(x_BTD)
+      out_BTD = resid * branch(norm(x_BTD) if m.norm_position == "pre" else x_BTD)
+      if m[f"{kind}_block_skip_gain"] != 0:
+        out_BTD = out_BTD + block_gain(f"{kind}_block_skip_gain", kind) * x_BTD
+      x_BTD = out_BTD.astype(self.dtype)
+    return x_BTD

@@ -5,18 +5,12 @@ LayerNorm, tied head.
     variables = model.init(jax.random.key(0), tokens_BT)      # {"params", "constants"}
     logits_BTV = model.apply(variables, tokens_BT)
 
-`constants` holds the fixed anchor matrices of reparameterised Value/Proj layers: never
-trained, never decayed, saved with the parameters. Hidden states (per block, "hidden") and
-softmax attention probabilities (explicit path, "attn_probs") are sown into the
-`intermediates` collection: `model.apply(variables, tokens, mutable=["intermediates"])`.
-
-Incremental decoding (decoder only; `simplified_flax.model.decode` drives it): with `decode=True`
-the model reads and advances a key/value cache in the `cache` collection, created by an init
-call whose T is the cache length. Each row continues from its own cache index, so rows of
-different lengths decode together (kv_cache.py):
-
-    logits_BTV, state = model.apply({**variables, "cache": cache}, tokens_BT, decode=True,
-                                    lengths=lengths_B, mutable=["cache"])
+`constants` holds the fixed anchor matrices of reparameterised Value/Proj layers (never
+trained or decayed, saved with the parameters). Each block's output ("hidden") and, on the
+explicit path, the softmax A ("attn_probs") are sown into `intermediates`. With `decode=True`
+(decoder only; decode.py drives it) the model reads and advances a key/value cache in the
+`cache` collection, created by an init call whose T is the cache length; each row continues
+from its own cache index (kv_cache.py).
 """
 from typing import Any
 
@@ -32,16 +26,6 @@ from simplified_flax.model import masks
 from simplified_flax.model import valproj
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-def multiple_of(n: int, multiple: int) -> int:
-  """`n` rounded up to a multiple of `multiple`."""
-  return -(-n // multiple) * multiple
-
-
-def segment_positions(segment_ids_BT) -> jax.Array:
-  """Position of each token inside its own (contiguous) segment, [B, T]."""
-  return jnp.arange(segment_ids_BT.shape[1]) - masks.segment_run_starts(segment_ids_BT)
 
 
 class Transformer(nn.Module):
@@ -85,8 +69,8 @@ class Transformer(nn.Module):
       positions_BT = masks.query_positions(T, cache_index_B)
     elif segment_ids is None:
       positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
-    else:
-      positions_BT = segment_positions(segment_ids)
+    else:   # the position inside each (contiguous) segment
+      positions_BT = jnp.arange(T) - masks.segment_run_starts(segment_ids)
     x_BTD = (wte(tokens_BT) + wpe(positions_BT)).astype(self.dtype)
     x_BTD = nn.Dropout(m.dropout_rate, deterministic=not train)(x_BTD)
 
@@ -99,7 +83,8 @@ class Transformer(nn.Module):
       return x_BTD
     # With vocab_pad_multiple the head's matmul runs on a zero-padded table and the padded
     # columns are cut off again, so no caller (loss, sampling, metrics) ever sees them.
-    padded = multiple_of(m.vocab_size, m.get("vocab_pad_multiple", 1))
+    multiple = m.get("vocab_pad_multiple", 1)
+    padded = -(-m.vocab_size // multiple) * multiple
     table_VD = jnp.pad(wte.embedding, ((0, padded - m.vocab_size), (0, 0)))
     return layers.tied_head(x_BTD, table_VD, self.dtype)[..., :m.vocab_size]
 
@@ -117,26 +102,14 @@ class Transformer(nn.Module):
     return start_B, lengths_B
 
 
-def TransformerLM(cfg, dtype=jnp.float32, **kwargs) -> Transformer:
-  """The decoder (causal) language model."""
-  return Transformer(_frozen(cfg), causal=True, dtype=dtype, **kwargs)
-
-
-def TransformerEncoder(cfg, dtype=jnp.float32, **kwargs) -> Transformer:
-  """The bidirectional encoder with an MLM head tied to the token embedding."""
-  return Transformer(_frozen(cfg), causal=False, dtype=dtype, **kwargs)
-
-
 def build_model(model_config, dtype="float32") -> Transformer:
   """The model `model_config.kind` names ("decoder" or "encoder"), computing in `dtype`; the
   config is trusted (runs/config_checks.py checks it once per start)."""
   assert model_config.kind in ("decoder", "encoder"), model_config.kind
-  compute_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
-  make = TransformerLM if model_config.kind == "decoder" else TransformerEncoder
-  return make(model_config, dtype=compute_dtype)
+  return Transformer(_frozen(model_config), causal=model_config.kind == "decoder",
+                     dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype)
 
 
-def _frozen(cfg):
-  if isinstance(cfg, ml_collections.FrozenConfigDict):
-    return cfg
+def _frozen(cfg) -> ml_collections.FrozenConfigDict:
+  """The model config as a hashable FrozenConfigDict (a module attribute)."""
   return ml_collections.FrozenConfigDict(cfg)
