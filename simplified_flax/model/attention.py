@@ -5,10 +5,9 @@
 (Eqs. (4) and (3)), per-head gains alpha = `skip_gain`, beta = `resid_gain`, gamma =
 `centre_gain`; a None alpha or gamma omits its term. C is the row-normalised mask (Eq. (5)),
 whatever the mask is (causal, padded, packed, offset queries: masks.py). Two exact forms:
-`impl="explicit"` forms A' as a [B, H, Q, K] matrix (and can return A); `impl="fused"` computes
-`A' v = beta * (A v) + alpha * v - gamma * (C v)` (Eq. (6)) with a fused kernel for `A v` and
-C v a cumulative or masked mean, O(T * D). Layout: q [B, Q, H, d], k and v [B, K, H, d], gains
-[H] or scalars.
+`impl="explicit"` forms A' [B, H, Q, K] (and can return A); `impl="fused"` computes Eq. (6),
+`A' v = beta * (A v) + alpha * v - gamma * (C v)`, with a fused kernel for `A v` and C v a
+cumulative or masked mean. q [B, Q, H, d], k and v [B, K, H, d], gains [H] or scalars.
 """
 from typing import Literal
 
@@ -23,44 +22,36 @@ Impl = Literal["explicit", "fused"]
 IMPLS = ("explicit", "fused")
 
 
-# ------------------------------------------------------------------------ centering matrices
-
 def centering_matrix_from_mask(mask) -> jax.Array:
-  """C = the mask with each row normalised to sum 1 (rows with no visible key are 0);
-  docs/model.md, Eq. (5)."""
+  """C = the mask with each row normalised to sum 1, rows with no visible key 0 (Eq. (5))."""
   mask = mask.astype(jnp.float32)
   return mask / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
 
 
 def causal_centering_matrix(length: int, *, query_offset: int = 0, num_queries=None):
-  """[Q, T]: C[i, j] = 1 / (p + 1) for j <= p, p = query_offset + i the absolute position
-  (Eq. (5), causal mask)."""
+  """[Q, T] causal C: C[i, j] = 1 / (p + 1) for j <= p = query_offset + i."""
   mask = masks.attention_mask(length if num_queries is None else num_queries, length,
                               causal=True, query_offset=query_offset)
   return centering_matrix_from_mask(mask)[0, 0]
 
 
 def bidirectional_centering_matrix(key_mask_BT) -> jax.Array:
-  """[B, T, T]: every row is 1/n on the n real (non-padding) keys of its sequence (Eq. (5),
-  bidirectional mask)."""
+  """[B, T, T] bidirectional C: every row 1/n on the n real keys of its sequence."""
   no_segments_BT = jnp.zeros(key_mask_BT.shape, jnp.int32)
   return packed_centering_matrix(no_segments_BT, causal=False, key_mask_BT=key_mask_BT)
 
 
 def packed_centering_matrix(segment_ids_BT, *, causal: bool, key_mask_BT=None) -> jax.Array:
-  """[B, T, T]: block diagonal, each block the causal or bidirectional C of its own segment
-  (Eq. (5), packed mask)."""
+  """[B, T, T] packed C: block diagonal, each block the C of its own segment."""
   T = segment_ids_BT.shape[1]
   mask = masks.attention_mask(T, T, causal=causal, key_mask=key_mask_BT,
                               segment_ids=segment_ids_BT)
   return centering_matrix_from_mask(mask)[:, 0]
 
 
-# ---------------------------------------------------------------------- the explicit form: A'
-
 def attention_logits(q_BQHd, k_BKHd, *, logit_soft_cap=None) -> jax.Array:
-  """float32 [B, H, Q, K] = q k^T / sqrt(d), optionally soft-capped cap*tanh(x/cap): the
-  logits of docs/model.md, Eq. (3), before the mask."""
+  """float32 [B, H, Q, K] = q k^T / sqrt(d) (Eq. (3), before the mask), optionally soft-capped
+  as cap * tanh(x / cap)."""
   scale = q_BQHd.shape[-1] ** -0.5
   logits_BHQK = jnp.einsum("bqhd,bkhd->bhqk", q_BQHd, k_BKHd,
                            preferred_element_type=jnp.float32) * scale
@@ -84,12 +75,9 @@ def shape_attention_matrix(logits_BHQK, resid_H, terms):
 _fast_shape_attention_matrix = grad_rules.fast_gain_gradients(shape_attention_matrix)
 
 
-# -------------------------------------------------------------- the fused form: never forms C
-
 def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, key_mask=None,
                    segment_ids=None) -> jax.Array:
-  """C v without forming C: [B, Q, H, d], computed in float32 in O(T * H * d) (the C v term
-  of docs/model.md, Eq. (6))."""
+  """C v (Eq. (6)) without forming C: float32 [B, Q, H, d] in O(T * H * d)."""
   B, T = v_BKHd.shape[:2]
   valid_BT = jnp.ones((B, T), jnp.float32) if key_mask is None else key_mask.astype(jnp.float32)
   v_BKHd = v_BKHd.astype(jnp.float32) * valid_BT[:, :, None, None]
@@ -124,17 +112,12 @@ def combine_fused_terms(attended_BQHd, resid, terms):
   return out_BQHd.astype(attended_BQHd.dtype)
 
 
-# ------------------------------------------------------------------- A' v, in either form
-
 def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: bool,
                      key_mask=None, segment_ids=None, query_offset=0, impl: Impl = "explicit",
                      logit_soft_cap=None, return_probs: bool = False):
-  """Shaped attention `A' v` [B, Q, H, d] in v's dtype, in either form (module docstring).
-
-  `key_mask` [B, K] is True on real tokens. With `return_probs` (explicit only) also returns
-  the float32 softmax A [B, H, Q, K] for diagnostics. Both impls agree to float32 round-off,
-  gradients included, with or without the gradient rules (grad_rules.py).
-  """
+  """Shaped attention `A' v` [B, Q, H, d] in v's dtype, in either form; `key_mask` [B, K] is
+  True on real tokens. `return_probs` (explicit only) also returns the float32 softmax A
+  [B, H, Q, K]. Both forms agree to float32 round-off, gradients included."""
   if impl not in IMPLS:
     raise ValueError(f"Unknown attention impl {impl!r}; expected one of {IMPLS}.")
   if impl == "fused" and (return_probs or logit_soft_cap is not None):

@@ -1,7 +1,5 @@
-"""The one configurable Transformer block and its attention sub-block (docs/model.md, "The block").
-
-Every variant of the papers is this block with different settings (configs/), never a
-separate class.
+"""The one configurable Transformer block and its attention sub-block (docs/model.md, "The block"):
+every variant of the papers is this block with different settings (configs/).
 """
 from typing import Any, Dict
 
@@ -31,13 +29,9 @@ def _qk_kernel_init(m):
 
 
 class AttentionSubBlock(nn.Module):
-  """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (Eqs. (3)-(7)):
-  alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain, per head.
-
-  Decoding (`cache_index` [B] given): x holds T new tokens per row at positions
-  cache_index[b] + t, of which the first `lengths[b]` are real, attended against this layer's
-  `cache` collection (kv_cache.py).
-  """
+  """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (Eqs. (3)-(7)), per
+  head alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain. With
+  `cache_index` [B]: T new tokens per row against this layer's `cache` (kv_cache.py)."""
   cfg: Any     # FrozenConfigDict: the model config
   layer: int
   causal: bool
@@ -83,8 +77,7 @@ class AttentionSubBlock(nn.Module):
         out_BTHd.reshape(B, T, D), anchors.get("proj"))
 
   def _impl(self) -> str:
-    """The path `model.attention_impl` takes here (attention_kernels.resolve_impl); "auto"
-    takes the explicit form while intermediates are collected, so that diagnostics read A."""
+    """`model.attention_impl`'s path here; "auto" is explicit while diagnostics collect A."""
     m = self.cfg
     collecting = self.is_mutable_collection("intermediates") and not self.is_initializing()
     if m.attention_impl == "auto" and collecting:

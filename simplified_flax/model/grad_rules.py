@@ -1,13 +1,9 @@
 """Hand-written gradient rules that change speed, never values (`model.grad_rules`).
 
-Both compute autodiff's gradients (to float32 round-off), ordered so that XLA:CPU lowers them
-as matrix products instead of strided loops:
-
-* `dense`: `x @ kernel` with the kernel gradient as `(dy^T x)^T` rather than `x^T dy`, which
-  XLA:CPU lowers as a slow transposing loop (about a fifth of a Pre-LN step at D=768).
-* `fast_gain_gradients(shape)`: the shaped attention matrix with each per-head gain's tangent
-  broadcast over (B, Q) first and over K last, so that every gain gradient is a row sum before
-  the (B, Q) sum (autodiff's single [B, H, Q, K] reduction costs a few percent of a SAS step).
+Both give autodiff's gradients (to float32 round-off) in an order XLA:CPU lowers as matrix
+products, not strided loops: `dense`, the kernel gradient as `(dy^T x)^T` rather than `x^T dy`
+(a fifth of a Pre-LN step at D=768); `fast_gain_gradients`, each per-head gain's gradient as a
+row sum before the (B, Q) sum (a few percent of a SAS step).
 
 The mode ("auto": on the CPU backend only, where they were measured to help; "on"; "off") is
 chosen once: `Transformer` traces its body inside `chosen(model.grad_rules)`, and `matmul` and
@@ -25,13 +21,13 @@ _MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
 
 
 def mode_of(model_config) -> str:
-  """The config's mode; "auto" for configs saved before the field existed."""
+  """The config's mode ("auto" for configs saved before the field existed)."""
   return model_config.get("grad_rules", "auto")
 
 
 @contextlib.contextmanager
 def chosen(mode: str):
-  """Within the context, traced models use the rules under `mode`."""
+  """Within the context, models trace with the rules under `mode`."""
   token = _MODE.set(mode)
   try:
     yield
@@ -51,13 +47,13 @@ def matmul(x_ND, kernel_DF):
 
 
 def _present(tangent) -> bool:
-  """A symbolic-zero tangent (an input that is not differentiated) costs nothing."""
+  """A symbolic-zero tangent (an input not differentiated) costs nothing."""
   return tangent is not None and not isinstance(tangent, SymbolicZero)
 
 
 @jax.custom_jvp
 def dense(x_ND, kernel_DF):
-  """`x @ kernel` over the last axis of x, [..., D] x [D, F] -> [..., F] (see module doc)."""
+  """`x @ kernel`, [..., D] x [D, F] -> [..., F], with the kernel-gradient rule above."""
   return jnp.dot(x_ND, kernel_DF)
 
 
@@ -78,11 +74,9 @@ dense.defjvp(_dense_jvp, symbolic_zeros=True)
 
 
 def fast_gain_gradients(shape):
-  """`shape(logits_BHQK, resid_H, terms) -> (A', A)` (`attention.shape_attention_matrix`: A' =
-  resid * softmax(logits) + the sum of gain_H * matrix over the (gain, matrix) `terms`) with
-  the gain-gradient rule above; same values, whatever the number of terms. The matrices are
-  constants (from the mask): their tangents are ignored.
-  """
+  """`shape(logits_BHQK, resid_H, terms) -> (A', A)` (`attention.shape_attention_matrix`,
+  A' = resid * softmax(logits) + the sum of gain * matrix over the `terms`) with the gain rule
+  above, for any number of terms. The matrices are constants: their tangents are ignored."""
   @jax.custom_jvp
   def fast_shape(logits_BHQK, resid_H, terms):
     return shape(logits_BHQK, resid_H, terms)

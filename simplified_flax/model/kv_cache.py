@@ -1,18 +1,12 @@
 """Shaped attention against a key/value cache, for incremental decoding (Eqs. (5) and (6)).
 
-Row b of a cache holds its own sequence at slots 0 .. index[b]-1; a chunk of Tq new tokens is
-written at index[b] .., of which the first `lengths[b]` are real (right-padded prompts). The
-index advances past real tokens only, so the next chunk overwrites the padding, and a query
-at position p sees keys 0..p only: every token is computed exactly as in the full forward
-pass of its row alone, and rows of different lengths need no key mask. The centering term at
-position p averages the row's values 0..p: the explicit form takes C's row p from the
-per-row causal mask; the fused form keeps a running float32 sum of the real values, O(H * d)
-per token.
-
-A cache: "keys" and "values" [B, H, Tmax, d] (compute dtype), plus "value_sum" [B, H, d]
-(float32) when fused and centred. Heads come before time so that attention reads each head as
-one contiguous matrix ([B, T, H, d] made XLA copy the whole cache at every step: half the
-decoding speed at batch 16 on CPU).
+Row b holds its sequence at slots 0 .. index[b]-1; a chunk of new tokens is written from
+index[b] on, its first `lengths[b]` real. The index advances past real tokens only (the next
+chunk overwrites the padding) and a query at p sees keys 0..p: every token is computed as in
+the full pass of its row alone, with no key mask. The fused form keeps C v as a running
+float32 sum of the real values, O(H * d) per token. A cache: "keys" and "values" [B, H, Tmax,
+d] (heads before time: [B, T, H, d] made XLA copy the cache at every step, half the decoding
+speed), plus "value_sum" [B, H, d] (float32) when fused and centred.
 """
 from typing import Dict, Tuple
 
@@ -54,11 +48,9 @@ def running_centred_values(sum_BHd, v_BQHd, index_B, lengths_B):
 def cached_shaped_attention(q_BQHd, k_BQHd, v_BQHd, cache: Cache, index_B, lengths_B, *,
                             resid_gain, skip_gain, centre_gain, impl: attention.Impl,
                             logit_soft_cap=None) -> Tuple[jax.Array, Cache]:
-  """Causal shaped attention of Tq new tokens per row against the cache; (out, new cache).
-
-  out [B, Q, H, d] equals, at every real token, what `attention.shaped_attention` gives for
-  that token in the full sequence of its row (to float32 round-off). Gains as there.
-  """
+  """(out [B, Q, H, d], new cache): causal shaped attention of Tq new tokens per row against
+  the cache, at every real token what `attention.shaped_attention` gives in the full sequence
+  of its row (to float32 round-off). Gains as there."""
   new = dict(cache, keys=write(cache["keys"], k_BQHd, index_B),
              values=write(cache["values"], v_BQHd, index_B))
   # Views in the attention layout; XLA folds the transposes into the matrix products.
@@ -70,9 +62,8 @@ def cached_shaped_attention(q_BQHd, k_BQHd, v_BQHd, cache: Cache, index_B, lengt
         logit_soft_cap=logit_soft_cap)
     return out_BQHd, new
 
-  # Fused and centred: C v from the running sum, not a cumulative mean over the whole cache.
-  # The identity term takes the new values as they are: gathering them back from the cache
-  # view would make XLA transpose the whole cache.
+  # Fused and centred: C v from the running sum; the identity term takes the new values as
+  # they are (gathering them from the cache view would make XLA transpose the whole cache).
   attended_BQHd = attention.attention(q_BQHd, k_BKHd, v_BKHd, causal=True, query_offset=index_B,
                                       impl="fused")   # A v (a gain of 1 is exact)
   mean_BQHd, new["value_sum"] = running_centred_values(cache["value_sum"], v_BQHd, index_B,

@@ -1,8 +1,5 @@
 """Parts of the block (docs/model.md): norms, gains, the linear layers and their one product, the
-MLP.
-
-A gain whose trainable flag is off is a plain constant, not a variable, so no optimiser can
-move it and it never appears in the parameter tree.
+MLP. A gain whose trainable flag is off is a constant, never in the parameter tree.
 """
 from typing import Any, Callable, Optional
 
@@ -73,25 +70,19 @@ def matmul(x_ND, kernel_DF):
   return grad_rules.matmul(x_ND, kernel_DF)
 
 
-def _dense_dot_general(x_ND, kernel_DF, dimension_numbers, precision=None):
-  """`nn.Dense`'s product (its last axis of x against the kernel's first) through `matmul`."""
-  del dimension_numbers, precision
-  return matmul(x_ND, kernel_DF)
-
-
 def dense(features: int, dtype, name: str, kernel_init=normal_init(PLAIN_STD),
           use_bias: bool = False) -> nn.Dense:
-  """`nn.Dense` (float32 `kernel` [D, F], zero `bias`) computing in `dtype` through `matmul`."""
-  return nn.Dense(features, use_bias=use_bias, dtype=dtype, kernel_init=kernel_init,
-                  dot_general=_dense_dot_general, name=name)
+  """`nn.Dense` (float32 `kernel` [D, F], zero `bias`) computing in `dtype` through `matmul`
+  (Dense contracts x's last axis with the kernel's first: the dimension numbers go unread)."""
+  return nn.Dense(features, use_bias=use_bias, dtype=dtype, kernel_init=kernel_init, name=name,
+                  dot_general=lambda x_ND, kernel_DF, *_, **__: matmul(x_ND, kernel_DF))
 
 
 class ReparamLinear(nn.Module):
-  """Value / output projection (He & Hofmann 2024, Sec. 4.2), [.., D] -> [.., D], no bias, in
-  one of the three forms of `valproj.LinearSettings.form`: the identity (no parameters); plain `x @ W`, W
-  initialised by `init_type` (or N(0, init_std)); reparameterised `x @ (resid_gain * W +
-  skip_gain * W0)` (Eq. (7)), W trainable and zero at init (or N(0, init_std)), W0 the fixed
-  `anchor` passed in (from the `constants` collection).
+  """Value / output projection ([SB] Sec. 4.2), [.., D] -> [.., D], no bias, in the form of
+  `settings.form`: the identity (no parameters); plain `x @ W`, W initialised by `init_type`
+  (or N(0, init_std)); reparameterised `x @ (resid_gain * W + skip_gain * W0)` (Eq. (7)), W
+  zero at init (or N(0, init_std)), W0 the fixed `anchor` passed in (`constants`).
   """
   settings: Any   # valproj.LinearSettings
   dtype: Any = jnp.float32
@@ -116,13 +107,6 @@ def tied_head(x_BTD, embedding_VD, dtype) -> jax.Array:
   return jnp.einsum("btd,dv->btv", x_BTD, table_DV, preferred_element_type=jnp.float32)
 
 
-def activation_fn(name: str, lrelu_neg_slope: float) -> Callable:
-  if name == "gelu":
-    return lambda x: jax.nn.gelu(x, approximate=False)
-  assert name == "leaky_relu", name
-  return lambda x: jax.nn.leaky_relu(x, lrelu_neg_slope)
-
-
 class MLP(nn.Module):
   """`act(x @ W_fc) @ W_proj`, both without bias, N(0, 0.02) (W_proj: N(0, mlp_proj_init_std)),
   F = mlp_width_mult * D."""
@@ -133,5 +117,9 @@ class MLP(nn.Module):
   def __call__(self, x_BTD):
     m, D = self.cfg, x_BTD.shape[-1]
     h_BTF = dense(m.mlp_width_mult * D, self.dtype, "c_fc")(x_BTD)
-    h_BTF = activation_fn(m.activation, m.lrelu_neg_slope)(h_BTF)
+    if m.activation == "gelu":
+      h_BTF = jax.nn.gelu(h_BTF, approximate=False)
+    else:
+      assert m.activation == "leaky_relu", m.activation
+      h_BTF = jax.nn.leaky_relu(h_BTF, m.lrelu_neg_slope)
     return dense(D, self.dtype, "c_proj", kernel_init("normal", m.mlp_proj_init_std))(h_BTF)

@@ -4,19 +4,11 @@
       logits = model.apply(variables, tokens_BT)     # trace under the context: jit, eval_step
     step = quantize.quantized(eval_step, "w8a8")   # the same, as a function to compile
 
-The scheme (the W8A8 setting of He et al. 2024, "Understanding and Minimising Outlier
-Features", Sec. 6), symmetric round-to-nearest int8, zero point 0, codes in [-127, 127]:
-  * activations (`a8`): per tensor and dynamic, one scale max|x| / 127 for the whole input of a
-    layer in this call (all rows and tokens together), so one outlier neuron coarsens the grid
-    of every other neuron;
-  * weights (`w8`): one scale per output column of the layer's [fan_in, fan_out] matrix (for a
-    reparameterised Value/Proj its effective matrix `resid_gain * W + skip_gain * W0`);
-  * `w8a8` both. Biases, norms, attention scores, embedding lookups and the residual stream
-    stay in full precision.
-The layers are every product `layers.matmul` computes (the query-key projection, Value and
-Proj where they are matrices, both MLP matrices) and the tied head (the embedding as a [D, V]
-matrix). They call `operands` on their (x, kernel_DF), which reads the scheme of the context
-at trace time, so the block code carries no quantisation switch.
+W8A8 of [OP] Sec. 6: symmetric int8, codes in [-127, 127]. `a8`: one dynamic scale max|x| / 127
+per layer input (one outlier neuron coarsens every other's grid); `w8`: one per output column
+of the layer's [fan_in, fan_out] (effective) matrix; `w8a8` both. Every linear layer
+(`layers.matmul`, the tied head) passes its (x, kernel) through `operands`, which reads the
+scheme of the context at trace time: the block code has no quantisation switch.
 """
 import contextlib
 import contextvars
@@ -31,12 +23,9 @@ _ACTIVE = contextvars.ContextVar("quantize_scheme", default=(False, False, 8))
 
 
 def fake_quantize(x: jax.Array, bits: int = 8, channel_axis: Optional[int] = None) -> jax.Array:
-  """x rounded to a symmetric `bits`-bit grid and back, in x's dtype (computed in float32).
-
-  `channel_axis=None`: one scale for the whole tensor; otherwise one per index of that axis.
-  scale = max|x| / (2^(bits-1) - 1), so the largest entry is exact, every entry lands within
-  scale / 2 of its value, and an all-zero slice stays zero. For evaluation: no useful gradient.
-  """
+  """x rounded to a symmetric `bits`-bit grid and back, in x's dtype (computed in float32), one
+  scale max|x| / (2^(bits-1) - 1) for the tensor or per index of `channel_axis`: the largest
+  entry is exact, every entry within scale / 2, an all-zero slice zero. No useful gradient."""
   levels = 2 ** (bits - 1) - 1
   x32 = x.astype(jnp.float32)
   if channel_axis is None:

@@ -5,17 +5,14 @@ LayerNorm, tied head.
     variables = model.init(jax.random.key(0), tokens_BT)      # {"params", "constants"}
     logits_BTV = model.apply(variables, tokens_BT)
 
-`constants` holds the fixed anchor matrices of reparameterised Value/Proj layers (never
-trained or decayed, saved with the parameters). Each block's output ("hidden") and, on the
-explicit path, the softmax A ("attn_probs") are sown into `intermediates`. With `decode=True`
-(decoder only; decode.py drives it) the model reads and advances a key/value cache in the
-`cache` collection, created by an init call whose T is the cache length; each row continues
-from its own cache index (kv_cache.py).
+`constants`: the fixed anchors of reparameterised Value/Proj layers (never trained). Each
+block's output ("hidden") and the explicit path's softmax ("attn_probs") are sown into
+`intermediates`. `decode=True` (decoder; decode.py) reads and advances a KV cache in `cache`,
+created by an init call whose T is the cache length (kv_cache.py).
 """
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import ml_collections
 
@@ -29,27 +26,23 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 
 
 class Transformer(nn.Module):
-  """Token + position embeddings, `n_layer` blocks, final LayerNorm, head tied to `wte`.
-
-  tokens [B, T] int -> logits [B, T, V] float32. `causal` picks the decoder or the encoder.
-  """
+  """Token + position embeddings, `n_layer` blocks, final LayerNorm, head tied to `wte`: tokens
+  [B, T] int -> logits [B, T, V] float32. `causal` picks the decoder or the encoder."""
   cfg: Any     # FrozenConfigDict: the model config
   causal: bool
   dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, tokens_BT, **kwargs):
-    """Traces the model under the gradient rules `model.grad_rules` chooses (grad_rules.py):
-    the one place they are chosen. Keyword arguments as `_forward`."""
+    """`_forward` traced under the gradient rules `model.grad_rules` chooses: the one place."""
     with grad_rules.chosen(grad_rules.mode_of(self.cfg)):
       return self._forward(tokens_BT, **kwargs)
 
   def _forward(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False,
                decode: bool = False, lengths=None, return_hidden: bool = False):
-    """`lengths` [B] (decode only): how many leading tokens of each row are real (default T);
-    the cache index of row b advances by lengths[b]. `return_hidden`: return the final
-    LayerNorm's output [B, T, D] (what the tied head reads) instead of the logits, e.g. for a
-    task head (glue/classifier.py); the parameters are the same either way."""
+    """`lengths` [B] (decode only): the real leading tokens of each row (default T), by which
+    its cache index advances. `return_hidden`: the final LayerNorm's output [B, T, D] instead
+    of the logits (for a task head, glue/classifier.py); the parameters are the same."""
     m = self.cfg
     B, T = tokens_BT.shape
     if T > m.max_position_embeddings:

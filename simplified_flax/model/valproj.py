@@ -1,11 +1,7 @@
-"""Per-layer Value / Proj settings and their fixed anchor matrices W0 (docs/model.md, "Value
-and Proj", the W0 of Eq. (7)).
-
-The anchors are drawn once, at init, by `anchor_matrices` for the whole stack, because
-`tie_valproj_init` couples them across modules and across layers:
-  * "all_blocks": each block's Proj anchor is its Value anchor transposed;
-  * "last_block": the last Proj anchor undoes the product of every earlier Value/Proj anchor,
-    so the fixed part of the whole value path is the identity at init.
+"""Per-layer Value / Proj settings and their fixed anchor matrices W0 (Eq. (7); docs/model.md,
+"Value and Proj"). The anchors are drawn once, at init, for the whole stack, because
+`tie_valproj_init` couples them: "all_blocks" makes each Proj anchor its Value anchor
+transposed; "last_block" makes the last Proj anchor undo the product of every earlier one.
 """
 import dataclasses
 from typing import Dict, Optional
@@ -36,21 +32,17 @@ class LinearSettings:
 
 
 def value_settings(m, layer: int) -> LinearSettings:
-  resid = m.value_resid_gain
-  if layer == 0 and m.first_layer_value_resid_gain is not None:
-    resid = m.first_layer_value_resid_gain
-  return LinearSettings(resid_gain=resid, skip_gain=m.value_skip_gain,
-                        init_type=m.val_init_type, trainable_gains=m.trainable_value_gains,
-                        init_std=m.val_proj_init_std)
+  first = layer == 0 and m.first_layer_value_resid_gain is not None
+  return LinearSettings(m.first_layer_value_resid_gain if first else m.value_resid_gain,
+                        m.value_skip_gain, m.val_init_type, m.trainable_value_gains,
+                        m.val_proj_init_std)
 
 
 def proj_settings(m, layer: int) -> LinearSettings:
-  resid = m.proj_resid_gain
-  if layer == m.n_layer - 1 and m.last_layer_proj_resid_gain is not None:
-    resid = m.last_layer_proj_resid_gain
-  return LinearSettings(resid_gain=resid, skip_gain=m.proj_skip_gain,
-                        init_type=m.proj_init_type, trainable_gains=m.trainable_proj_gains,
-                        init_std=m.val_proj_init_std)
+  last = layer == m.n_layer - 1 and m.last_layer_proj_resid_gain is not None
+  return LinearSettings(m.last_layer_proj_resid_gain if last else m.proj_resid_gain,
+                        m.proj_skip_gain, m.proj_init_type, m.trainable_proj_gains,
+                        m.val_proj_init_std)
 
 
 def anchor_matrix(key, init_type: str, dim: int) -> jax.Array:
