@@ -13,7 +13,6 @@ from simplified_flax.runs import checkpoints
 from simplified_flax.training import mlm_metrics
 from simplified_flax.training import placement as parallel
 from simplified_flax.model import quantize
-from simplified_flax.model.parameters import parameter_shapes
 from simplified_flax.training.step import create_train_state, eval_step
 
 CONFIG_FILE = "config.json"
@@ -64,8 +63,8 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
     target = parallel.first_device_target(abstract)
   manager = checkpoints.open_read_only(workdir)
   try:
-    restored = checkpoints.restore_latest(manager, target, config.to_dict(), parameter_shapes,
-                                          workdir, set_aside=False, step=step)
+    restored = checkpoints.restore_latest(manager, target, config.to_dict(), workdir,
+                                          read_only=True, step=step)
   finally:
     manager.close()
   if restored is None:

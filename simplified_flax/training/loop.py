@@ -67,7 +67,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   set from the pipeline's tokenizer when None. The whole config is checked first (ConfigError,
   nothing written); then the workdir is locked for the run (WorkdirLockedError while another
   live run holds it). Raises NonFiniteLossError naming the step of a NaN/inf loss, the kept
-  checkpoints and the command to rewind to one (`config.restore_step`, see runs/rewind.py),
+  checkpoints and the command to rewind to one (`config.restore_step`, see runs/resume.py),
   and checkpoints.IncompatibleCheckpointError when the workdir's checkpoints have other
   parameter shapes.
   """
@@ -97,7 +97,6 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
                        config.restore_step)
   for note in start.notes:
     _console(note)
-  resume.cut_history(workdir, start.step)
   _write_config(workdir, config_dict)
   # pmap: one copy per device; jit: already in place.
   state = placement.shard_state(state if start.state is None else start.state)
@@ -105,8 +104,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   # Compiled steps, input feeding, the run's history.
   train_fn, eval_fn, diagnostics_fn = _compile_steps(config, model, placement, abstract_state)
   iterator, feeder = _feed(pipeline, placement, start.data_state, config.data.prefetch)
-  writer = metrics_io.make_writer(workdir, tensorboard)
-  writer.write_config(start.step, config_dict)   # TensorBoard's Text tab
+  writer = metrics_io.make_writer(workdir, tensorboard, start.step, config_dict)
   progress = metrics_io.Progress(total_steps=config.num_train_steps, start_step=start.step,
                                  tokens_per_step=config.batch_size * config.model.context_length,
                                  elapsed_before=start.elapsed_s)
