@@ -99,28 +99,29 @@ def test_cut_history_drops_later_and_torn_rows_and_moves_them_aside(tmp_path):
 def test_tensorboard_shows_a_resumed_run_once_without_the_killed_runs_tail(tmp_path):
   # pylint: disable-next=g-import-not-at-top
   from tensorboard.backend.event_processing import event_accumulator
-  killed = metrics_io.TensorBoardWriter(str(tmp_path))
+  killed = metrics_io.MetricsWriter(str(tmp_path))
   for step in range(1, 6):
     killed.write_scalars(step, {"loss": step})
   killed.flush()                     # never closed: the process is killed after this
-  resumed = metrics_io.TensorBoardWriter(str(tmp_path), start_step=3)
+  resumed = metrics_io.MetricsWriter(str(tmp_path), start_step=3)
   for step in range(4, 7):
     resumed.write_scalars(step, {"loss": 10 * step})
   resumed.close()
-  assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2    # nothing rewritten
-  events = event_accumulator.EventAccumulator(str(tmp_path))
+  assert len(list(tmp_path.glob("tensorboard/events.out.tfevents.*"))) == 2   # none rewritten
+  events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
   events.Reload()   # TensorBoard's own reader
   assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
       (1, 1), (2, 2), (3, 3), (4, 40), (5, 50), (6, 60)]
 
 
-def test_jsonl_writer_writes_one_row_per_call(tmp_path):
-  writer = metrics_io.JsonlWriter(str(tmp_path / "m.jsonl"))
+def test_metrics_jsonl_gets_one_row_per_call_flushed_at_once(tmp_path):
+  writer = metrics_io.MetricsWriter(str(tmp_path), tensorboard=False)
   writer.write_scalars(10, {"loss": np.float32(2.5), "learning_rate": 1e-3})
   writer.write_scalars(10, {"eval_loss": 2.0})
-  writer.close()
-  assert metrics_io.read_history(str(tmp_path / "m.jsonl")) == [
+  assert metrics_io.read_history(str(tmp_path / "metrics.jsonl")) == [    # before any close
       {"step": 10, "loss": 2.5, "learning_rate": 1e-3}, {"step": 10, "eval_loss": 2.0}]
+  writer.close()
+  assert not (tmp_path / "tensorboard").exists()
 
 
 def test_format_duration():

@@ -34,12 +34,12 @@ CHILD = textwrap.dedent('''
     state, metrics = jax.jit(train_step)(state, batch)
     assert np.isfinite(float(metrics["loss"])) and int(state.step) == 1
 
-    writer = metrics_io.make_writer(workdir)                   # metrics.jsonl + TensorBoard
+    writer = metrics_io.MetricsWriter(workdir)                # metrics.jsonl + TensorBoard
     for step in (1, 2):
       writer.write_scalars(step, {"loss": float(step)})
     writer.close()
     metrics_io.cut_history(workdir, 1)          # what a resume from step 1 does
-    writer = metrics_io.make_writer(workdir, start_step=1)
+    writer = metrics_io.MetricsWriter(workdir, start_step=1)
     writer.write_scalars(2, {"loss": 0.5})
     writer.close()
     from tensorboard.backend.event_processing import event_accumulator

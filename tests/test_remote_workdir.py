@@ -135,7 +135,7 @@ def test_gs_rewind_moves_steps_and_history_inside_the_bucket(gcs, monkeypatch, t
   for step in (4, 8):
     for name in ("_CHECKPOINT_METADATA", "state/manifest.ocdbt", "state/d/0"):
       fs.pipe(f"{BUCKET}/run/checkpoints/{step}/{name}", f"{step}/{name}".encode())
-  writer = metrics_io.make_writer(run)
+  writer = metrics_io.MetricsWriter(run)
   for step in range(1, 9):
     writer.write_scalars(step, {"loss": 1.0 / step})
   writer.close()
@@ -152,7 +152,7 @@ def test_gs_rewind_moves_steps_and_history_inside_the_bucket(gcs, monkeypatch, t
   assert [r["step"] for r in metrics_io.read_history(f"{run}/metrics.jsonl")] == [1, 2, 3, 4]
   assert len(fs.ls(f"{aside}/tensorboard")) == 1
 
-  resumed = metrics_io.make_writer(run, start_step=4)
+  resumed = metrics_io.MetricsWriter(run, start_step=4)
   resumed.write_scalars(5, {"loss": 0.5})
   resumed.flush()                   # a remote event file is rewritten whole at each flush
   fs.get(f"{BUCKET}/run/tensorboard/", str(tmp_path / "tensorboard"), recursive=True)

@@ -15,11 +15,12 @@ def test_tensorboard_groups_the_loops_tags_and_shows_the_config_as_text(tmp_path
   # pylint: disable-next=g-import-not-at-top
   from tensorboard.backend.event_processing import event_accumulator
   config_dict = {"seed": 3, "model": {"n_layer": 2, "kind": "decoder"}}
-  writer = metrics_io.TensorBoardWriter(str(tmp_path), start_step=4, config_dict=config_dict)
+  writer = metrics_io.MetricsWriter(str(tmp_path), start_step=4, config_dict=config_dict)
   writer.write_scalars(5, {"loss": 2.5, "learning_rate": 1e-3, "eval_loss": 2.0,
                            "eval_perplexity": 7.4, "kurtosis/layer_0": 0.5})
   writer.close()
-  events = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+  events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"),
+                                              size_guidance={"tensors": 0})
   events.Reload()   # TensorBoard's own reader, as its Scalars and Text tabs use it
   assert sorted(events.Tags()["scalars"] + events.Tags()["tensors"]) == [
       "config/text_summary", "eval/loss", "eval/perplexity", "kurtosis/layer_0",

@@ -1,13 +1,12 @@
 """Orbax checkpoints: save, restore the latest good one, refuse an incompatible config.
 
-`<workdir>/checkpoints/<step>/` holds four items: `state` (params, constants, optimiser
-state, step, RNG), `data` (the training iterator's state), `config` (the run's resolved
-config) and `meta` ({"step", "fingerprint", "elapsed_s"}). Orbax writes a step into a
-temporary folder and renames it only once complete, and deletes steps beyond the kept ones
-only after that, so a newer checkpoint never replaces a good one before it is whole. On
-restore the state's `fingerprint` is checked: a truncated or corrupt step is reported and the
-previous one tried; once a good one is found the bad ones are set aside (`set_aside`, which
-moves and never deletes) to `<workdir>/corrupt_checkpoints/`. A config that changes
+`<workdir>/checkpoints/<step>/` holds `state` (params, constants, optimiser state, step, RNG),
+`data` (the iterator's state), `config` (the run's resolved config) and `meta` ({"step",
+"fingerprint", "elapsed_s"}). Orbax renames a step into place only once complete and deletes
+old steps only after that, so a good checkpoint is never replaced by a partial one. On restore
+the state's `fingerprint` (a hash of every bit, independent of sharding) is checked: a bad
+step is reported and the previous one tried; once a good one is found the bad ones are moved
+to `<workdir>/corrupt_checkpoints/` (`set_aside` moves, never deletes). A config that changes
 parameter shapes raises `IncompatibleCheckpointError` naming the fields, touching nothing.
 """
 import dataclasses
@@ -18,12 +17,12 @@ from typing import Any
 from absl import logging
 from etils import epath
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from simplified_flax import storage
 from simplified_flax.model.parameters import parameter_shapes
-from simplified_flax.runs.fingerprint import fingerprint
 
 ITEMS = ("state", "data", "config", "meta")
 CHECKPOINT_DIR = "checkpoints"
@@ -93,6 +92,29 @@ def _directory(workdir: str) -> epath.Path:
   return epath.Path(root) / CHECKPOINT_DIR
 
 
+def _bits_u32(x: jax.Array) -> jax.Array:
+  """The bits of each element as uint32 (64-bit elements: their two halves added)."""
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  itemsize = jnp.dtype(x.dtype).itemsize
+  if itemsize == 8:
+    return jnp.sum(jax.lax.bitcast_convert_type(x, jnp.uint32), axis=-1)
+  unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[itemsize]
+  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+@jax.jit
+def fingerprint(tree) -> jax.Array:
+  """uint32 hash of all leaves: sum over elements of bits * (2 * flat_index + 1), mixed;
+  integer arithmetic wraps exactly, so neither sharding nor reduction order changes it."""
+  total = jnp.uint32(0)
+  for leaf in map(jnp.asarray, jax.tree.leaves(tree)):
+    index = jnp.arange(leaf.size, dtype=jnp.uint32).reshape(leaf.shape)
+    leaf_hash = jnp.sum(_bits_u32(leaf) * (2 * index + 1), dtype=jnp.uint32)
+    total = total * jnp.uint32(1_000_003) + leaf_hash + jnp.uint32(leaf.size)
+  return total
+
+
 def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_dict: dict,
          meta: dict) -> bool:
   """Starts saving `step` asynchronously, forced (the caller picks the steps); `meta` gets
@@ -156,27 +178,25 @@ def check_compatible(saved: dict, new: dict, where: str) -> None:
 def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dict,
                    workdir: str, read_only: bool = False,
                    step: int | None = None) -> Restored | None:
-  """The newest restorable checkpoint (or step `step`), None when there is none.
+  """The newest restorable checkpoint (only `step`, when given), None when there is none.
 
   `target_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves). Raises
   CheckpointError when no step is good: a run never silently restarts over unreadable
-  checkpoints. `read_only` (a reader of another job's run) sets nothing aside.
+  checkpoints. `read_only` (a reader of another job's run) moves nothing.
   """
   manager.reload()
   steps = sorted(manager.all_steps(), reverse=True)
-  if step is not None:
-    if step not in steps:
-      raise WorkdirError(f"No checkpoint step {step} under {manager.directory}; it holds "
-                         f"steps {sorted(steps)}.")
-    steps = [step]
+  if step is not None and step not in steps:
+    raise WorkdirError(f"No checkpoint step {step} under {manager.directory}; it holds "
+                       f"steps {sorted(steps)}.")
   bad: dict[int, str] = {}
-  for s in steps:
+  for s in steps if step is None else [step]:
     why, restored = _try_restore(manager, s, target_state, new_config)
     if why is None:
-      if bad and not read_only:
+      if not read_only:
         stamp = int(time.time())
         set_aside(manager, {b: epath.Path(workdir) / CORRUPT_DIR / f"{b}-{stamp}" for b in bad},
-                  "; ".join(f"step {b}: {w}" for b, w in bad.items()))
+                  "truncated or corrupt")
       logging.info("Restored checkpoint %s/%d.", manager.directory, s)
       return restored
     logging.error("Checkpoint %s/%d is truncated or corrupt: %s. Trying the previous one.",
@@ -212,9 +232,8 @@ def _try_restore(manager, step, target_state, new_config):
 
 def set_aside(manager: ocp.CheckpointManager, destinations: dict[int, epath.Path],
               why: str) -> None:
-  """Moves each checkpoint step of `destinations` to its folder there, deleting nothing (a
-  corrupt step, or the steps a rewind goes back past): process 0 moves, every process waits,
-  then the manager rereads its steps."""
+  """Moves each checkpoint step of `destinations` to its folder there, never deleting (corrupt
+  steps, the steps a rewind goes back past): process 0 moves, all wait, the manager rereads."""
   if not destinations:
     return
   logging.warning("Setting aside checkpoints %s (%s): %s", sorted(destinations), why,

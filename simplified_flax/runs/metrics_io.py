@@ -1,19 +1,10 @@
-"""A run's history: `metrics.jsonl` and TensorBoard events (process 0 writes both), its cut back
-to a resumed step, and the progress line.
-
-`<workdir>/metrics.jsonl` holds one JSON object per logged step, readable by any script:
-
-    {"step": 50, "loss": 3.21, "learning_rate": 0.001, "grad_norm": 0.8,
-     "tokens_per_s": 51200.0, "elapsed_s": 12.5}
-    {"step": 250, "eval_loss": 2.9, "eval_perplexity": 18.2}
-    {"step": 500, "kurtosis/layer_0": 0.4, "attn_entropy/layer_0": 2.1, "gain/h_0/...": 0.9}
-
-(the last kind every `config.diagnostics_every` steps, per layer). A resume rewrites it
-without the rows after the restored step (`cut_history`), so it reads as one uninterrupted
-run. TensorBoard events are written by `tensorboardX` (no TensorFlow) and never rewritten:
-each run's event file starts with a purge step that makes TensorBoard hide what earlier files
-logged after the restored step. Every file goes through `etils.epath`, so the workdir may be
-`gs://...` (README "Remote workdirs").
+"""A run's history, written by process 0 through `etils.epath` (the workdir may be gs://):
+`metrics.jsonl`, one JSON object per logged step (`{"step": 50, "loss": 3.21, ...}`; eval
+rows `eval_loss`, `eval_perplexity`; diagnostics rows `kurtosis/layer_0`, ...), and TensorBoard
+events written by `tensorboardX` without TensorFlow. A resume rewrites metrics.jsonl without
+the rows after the restored step (`cut_history`); TensorBoard files are never rewritten: each
+run's file starts with a purge step that hides what earlier files logged after the restored
+step. Also the console's progress line (`Progress`).
 """
 import contextlib
 import io
@@ -34,8 +25,8 @@ from simplified_flax.storage import is_remote, write_atomically
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-# Object stores (gs://, s3://) cannot append: a remote metrics.jsonl is rewritten whole, at
-# most this often (and at every flush/close, which the loop calls before each checkpoint).
+# Object stores cannot append: a remote metrics.jsonl is rewritten whole this often at most
+# (and at each flush, which the loop calls before every checkpoint).
 REMOTE_REWRITE_EVERY_S = 30.0
 # TensorBoard groups charts by the tag's first segment: the loop's scalars go under train/ and
 # eval/ (metrics.jsonl keeps the flat names); other tags (`kurtosis/layer_0`) are grouped.
@@ -47,40 +38,25 @@ def _jsonl(rows) -> str:
   return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-class JsonlWriter:
-  """Writes `{"step": step, **scalars}` rows to a JSON-lines file (local: appended and flushed
-  row by row; remote: the whole file rewritten, see REMOTE_REWRITE_EVERY_S)."""
+class _ObjectStoreFile:
+  """A file in an object store (through epath), which cannot append: kept in memory and
+  rewritten whole at each flush."""
 
   def __init__(self, path: str):
-    self._path = epath.Path(path)
-    self._path.parent.mkdir(parents=True, exist_ok=True)
-    self._remote = is_remote(path)
-    self._rows = read_history(path) if self._remote else None
-    self._file = None if self._remote else self._path.open("a")
-    self._last_rewrite = time.time()
+    self._path, self._buffer = epath.Path(path), io.BytesIO()
+    self.write = self._buffer.write
+    if self._path.exists():
+      self.write(self._path.read_bytes())
 
-  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    row = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
-    if not self._remote:
-      self._file.write(_jsonl([row]))
-      self._file.flush()
-      return
-    self._rows.append(row)
-    if time.time() - self._last_rewrite >= REMOTE_REWRITE_EVERY_S:
-      self.flush()
+  @classmethod
+  def open(cls, path: str) -> "_ObjectStoreFile":   # tensorboardX's writer-factory interface
+    return cls(path)
 
   def flush(self) -> None:
-    if self._remote:
-      text = _jsonl(self._rows).encode()
-      write_atomically(self._path, lambda f: f.write(text))
-      self._last_rewrite = time.time()
-    else:
-      self._file.flush()
+    write_atomically(self._path, lambda f: f.write(self._buffer.getvalue()))
 
   def close(self) -> None:
     self.flush()
-    if self._file is not None:
-      self._file.close()
 
 
 def tensorboard_tag(name: str) -> str:
@@ -92,103 +68,72 @@ def tensorboard_tag(name: str) -> str:
   return name
 
 
-class _ObjectStoreFile:
-  """An event file in an object store (through epath), rewritten whole at each flush."""
+class MetricsWriter:
+  """A run's history on process 0 (elsewhere it writes nothing). metrics.jsonl rows: locally
+  appended and flushed row by row, remote rewritten whole (REMOTE_REWRITE_EVERY_S). With
+  `tensorboard`, an event file through tensorboardX's synchronous EventsWriter (its
+  SummaryWriter's flush leaves the queue of its thread unwritten) that opens with a purge at
+  `start_step + 1` (a SessionLog START, as SummaryWriter's `purge_step`): TensorBoard hides
+  what earlier files logged from there on, a killed or rewound run's tail. `config_dict` is
+  the text summary `config` at that step; tags are grouped (`tensorboard_tag`)."""
 
-  def __init__(self, path: str):
-    self._path, self._buffer = epath.Path(path), io.BytesIO()
-
-  @classmethod
-  def open(cls, path: str) -> "_ObjectStoreFile":   # tensorboardX's writer-factory interface
-    return cls(path)
-
-  def write(self, data: bytes) -> None:
-    self._buffer.write(data)
-
-  def flush(self) -> None:
-    write_atomically(self._path, lambda f: f.write(self._buffer.getvalue()))
-
-  def close(self) -> None:
-    self.flush()
-
-
-class TensorBoardWriter:
-  """TensorBoard event files in `logdir`, written by tensorboardX's synchronous EventsWriter
-  (its SummaryWriter queues events to a thread, and a flush there leaves the queue unwritten).
-
-  The file opens with a purge at `start_step + 1` (a SessionLog START, as SummaryWriter's
-  `purge_step` writes it): TensorBoard hides the events that earlier files logged from that
-  step on, the tail of a killed or rewound run. `config_dict`, when given, is written as the
-  text summary `config` at that step. Tags are grouped (`tensorboard_tag`).
-  """
-
-  def __init__(self, logdir: str, start_step: int = 0, config_dict: dict | None = None):
-    epath.Path(logdir).mkdir(parents=True, exist_ok=True)
-    if is_remote(logdir):   # through epath, as every other file of the workdir
-      record_writer.register_writer_factory(logdir.split(":")[0], _ObjectStoreFile)
+  def __init__(self, workdir: str, tensorboard: bool = True, start_step: int = 0,
+               config_dict: dict | None = None):
+    self._rows = self._events = None
+    if jax.process_index() != 0:
+      return
+    logdir = epath.Path(workdir) / TENSORBOARD_DIR
+    logdir.parent.mkdir(parents=True, exist_ok=True)
+    self._remote = is_remote(workdir)
+    path = logdir.parent / METRICS_FILE
+    self._rows = _ObjectStoreFile(path) if self._remote else path.open("ab")
+    self._flushed = time.time()
+    if not tensorboard:
+      return
+    logdir.mkdir(exist_ok=True)
+    if self._remote:   # through epath, as every other file of the workdir
+      record_writer.register_writer_factory(str(logdir).split(":")[0], _ObjectStoreFile)
     # The suffix keeps two files of one second apart, ordered as TensorBoard reads them.
     self._events = EventsWriter(f"{logdir}/events", f".{time.time_ns()}")
-    self._write(start_step + 1, session_log=SessionLog(status=SessionLog.START))
+    self._event(start_step + 1, session_log=SessionLog(status=SessionLog.START))
     if config_dict is not None:
       lines = [f"    {k} = {v!r}" for k, v in sorted(flatten_config(config_dict).items())]
-      self._write(start_step + 1, summary=summary.text(CONFIG_TAG, "\n".join(lines)))
+      self._event(start_step + 1, summary=summary.text(CONFIG_TAG, "\n".join(lines)))
 
-  def _write(self, step: int, **what) -> None:
+  def _event(self, step: int, **what) -> None:
     self._events.write_event(Event(wall_time=time.time(), step=int(step), **what))
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    for name, value in scalars.items():
-      self._write(step, summary=summary.scalar(tensorboard_tag(name), float(value)))
+    if self._rows is None:
+      return
+    row = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
+    self._rows.write(_jsonl([row]).encode())
+    if not self._remote or time.time() - self._flushed >= REMOTE_REWRITE_EVERY_S:
+      self._rows.flush()
+      self._flushed = time.time()
+    if self._events is not None:
+      for name, value in scalars.items():
+        self._event(step, summary=summary.scalar(tensorboard_tag(name), float(value)))
 
   def flush(self) -> None:
-    self._events.flush()
+    for file in (self._rows, self._events):
+      if file is not None:
+        file.flush()
 
   def close(self) -> None:
-    self._events.close()
-
-
-class MultiWriter:
-  """Forwards every call to each of `writers` (none: a no-op writer, as on processes > 0)."""
-
-  def __init__(self, writers):
-    self._writers = list(writers)
-
-  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    for w in self._writers:
-      w.write_scalars(step, scalars)
-
-  def flush(self) -> None:
-    for w in self._writers:
-      w.flush()
-
-  def close(self) -> None:
-    for w in self._writers:
-      w.close()
-
-
-def make_writer(workdir: str, tensorboard: bool = True, start_step: int = 0,
-                config_dict: dict | None = None) -> MultiWriter:
-  """metrics.jsonl (+ TensorBoard event files under <workdir>/tensorboard, see
-  TensorBoardWriter) of a run that trains from `start_step + 1`, on process 0."""
-  if jax.process_index() != 0:
-    return MultiWriter([])
-  writers = [JsonlWriter(str(epath.Path(workdir) / METRICS_FILE))]
-  if tensorboard:
-    writers.append(TensorBoardWriter(str(epath.Path(workdir) / TENSORBOARD_DIR), start_step,
-                                     config_dict))
-  return MultiWriter(writers)
+    for file in (self._rows, self._events):
+      if file is not None:
+        file.close()
 
 
 def read_history(path: str) -> list[dict]:
   """The rows of a metrics.jsonl file (a torn last line, from a killed run, is skipped)."""
   rows = []
-  path = epath.Path(path)
-  if path.exists():
-    for line in path.read_text().splitlines():
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue
+  for line in epath.Path(path).read_text().splitlines() if epath.Path(path).exists() else []:
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
   return rows
 
 
@@ -231,14 +176,12 @@ class Progress:
       self._last_time += time.time() - start
 
   def restart_clock(self) -> None:
-    """Starts the current interval now: the loop calls it once the first step has been
-    dispatched (jit compiles inside that call), so tokens/s and the ETA never include
-    compilation. The elapsed time still does: it is wall-clock time."""
+    """Starts the interval now: called once the first (compiling) step has been dispatched, so
+    tokens/s and the ETA leave out compilation; the elapsed time is wall-clock time."""
     self._last_time = time.time()
 
   def update(self, step: int) -> dict[str, float]:
-    """{"tokens_per_s", "elapsed_s", "eta_s"} since the previous update (or the start, or
-    `restart_clock`)."""
+    """{"tokens_per_s", "elapsed_s", "eta_s"} since the previous update (or restart)."""
     now = time.time()
     steps_per_s = (step - self._last_step) / max(now - self._last_time, 1e-9)
     self._last_time, self._last_step = now, step
@@ -258,7 +201,6 @@ def format_duration(seconds: float) -> str:
   """4000 -> '1h06m40s'."""
   if not math.isfinite(seconds):
     return "?"
-  seconds = int(seconds)
-  h, rest = divmod(seconds, 3600)
-  m, s = divmod(rest, 60)
+  m, s = divmod(int(seconds), 60)
+  h, m = divmod(m, 60)
   return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"

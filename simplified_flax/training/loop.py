@@ -104,7 +104,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   # Compiled steps, input feeding, the run's history.
   train_fn, eval_fn, diagnostics_fn = _compile_steps(config, model, placement, abstract_state)
   iterator, feeder = _feed(pipeline, placement, start.data_state, config.data.prefetch)
-  writer = metrics_io.make_writer(workdir, tensorboard, start.step, config_dict)
+  writer = metrics_io.MetricsWriter(workdir, tensorboard, start.step, config_dict)
   progress = metrics_io.Progress(total_steps=config.num_train_steps, start_step=start.step,
                                  tokens_per_step=config.batch_size * config.model.context_length,
                                  elapsed_before=start.elapsed_s)
