@@ -1,13 +1,8 @@
-"""Orbax checkpoints: save, restore the latest good one, refuse an incompatible config.
-
-`<workdir>/checkpoints/<step>/` holds `state` (params, constants, optimiser state, step, RNG),
-`data` (the iterator's state), `config` (the run's resolved config) and `meta` ({"step",
-"fingerprint", "elapsed_s"}). Orbax renames a step into place only once complete and deletes
-old steps only after that, so a good checkpoint is never replaced by a partial one. On restore
-the state's `fingerprint` (a hash of every bit, independent of sharding) is checked: a bad
-step is reported and the previous one tried; once a good one is found the bad ones are moved
-to `<workdir>/corrupt_checkpoints/` (`set_aside` moves, never deletes). A config that changes
-parameter shapes raises `IncompatibleCheckpointError` naming the fields, touching nothing.
+"""Orbax checkpoints `<workdir>/checkpoints/<step>/` (`state`, iterator `data`, `config`, `meta`
+with the state's `fingerprint`): saved asynchronously and renamed into place only once whole;
+restored from the latest step whose fingerprint matches (bad steps are reported, the previous
+one tried, and once a good one is found the bad ones are moved to `corrupt_checkpoints/`,
+never deleted); a config that changes parameter shapes is refused naming the fields.
 """
 import dataclasses
 import os
@@ -49,14 +44,13 @@ class Restored:
   state: Any
   data_state: Any
   meta: dict
-  config: dict | None = None   # the config the checkpoint was saved with
+  config: dict   # the config the checkpoint was saved with
 
 
 def make_manager(workdir: str, max_to_keep: int, save_interval_steps: int,
                  async_save: bool = True, keep_every_steps: int = 0) -> ocp.CheckpointManager:
-  """The run's CheckpointManager over `<workdir>/checkpoints` (left-over temp dirs removed),
-  keeping the latest `max_to_keep` steps and, with `keep_every_steps` = K > 0, every step
-  divisible by K as well: a sparse trail from before a blow-up."""
+  """The run's manager: the latest `max_to_keep` steps kept and, with `keep_every_steps` = K,
+  every step divisible by K (a sparse trail from before a blow-up); temp dirs cleaned up."""
   preservation = ocp.checkpoint_managers.LatestN(max_to_keep)
   if keep_every_steps > 0:
     preservation = ocp.checkpoint_managers.AnyPreservationPolicy(
@@ -68,14 +62,13 @@ def make_manager(workdir: str, max_to_keep: int, save_interval_steps: int,
 
 
 def open_read_only(workdir: str) -> ocp.CheckpointManager:
-  """A manager that only reads `<workdir>/checkpoints`, for evaluating, sampling or fine-tuning
-  from a run that may still be training: it creates, deletes and cleans up nothing (cleaning
-  up temporary folders would destroy the step being written). WorkdirError when absent."""
+  """A manager that creates, deletes and cleans up nothing (a clean-up would destroy the step a
+  running job writes), for reading another run. WorkdirError when there is no such folder."""
   directory = _directory(workdir)
   if not directory.exists():
     raise WorkdirError(f"{directory} does not exist: is {workdir!r} the --workdir of a "
                        "training run?")
-  # Every value given, or Orbax warns about each default it changes, on every evaluate.
+  # Every value given: Orbax warns about each default it changes.
   options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0,
                                          max_to_keep=None, cleanup_tmp_directories=False)
   verbosity = logging.get_verbosity()
@@ -117,8 +110,7 @@ def fingerprint(tree) -> jax.Array:
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_dict: dict,
          meta: dict) -> bool:
-  """Starts saving `step` asynchronously, forced (the caller picks the steps); `meta` gets
-  the state's fingerprint added."""
+  """Starts saving `step` (asynchronously, forced); `meta` gets the state's fingerprint."""
   meta = dict(meta, step=int(step), fingerprint=int(jax.device_get(fingerprint(state))))
   return manager.save(step, force=True, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
@@ -143,9 +135,8 @@ def config_differences(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:
 
 
 def shape_changing_fields(saved: dict, new: dict) -> list[str]:
-  """The differing model fields of `new` that can change the parameter shapes: [] when the
-  shapes of both configs agree (each model traced once, never per field), else every
-  differing model field except numbers on both sides (rates, epsilons shape nothing)."""
+  """[] when both configs give the same parameter shapes, else the differing model fields
+  that can change them (not numbers on both sides: rates and epsilons shape nothing)."""
   diffs = config_differences(saved, new)
   model_diffs = [k for k in diffs if k.startswith("model.")]
   if not model_diffs or parameter_shapes(saved) == parameter_shapes(new):
@@ -155,8 +146,8 @@ def shape_changing_fields(saved: dict, new: dict) -> list[str]:
 
 
 def check_compatible(saved: dict, new: dict, where: str) -> None:
-  """Raises IncompatibleCheckpointError when `saved` and `new` give different parameters;
-  logs the other differences."""
+  """IncompatibleCheckpointError when `saved` and `new` shape parameters differently; the
+  other differences are logged."""
   diffs = config_differences(saved, new)
   culprits = shape_changing_fields(saved, new)
   if culprits:
@@ -178,12 +169,9 @@ def check_compatible(saved: dict, new: dict, where: str) -> None:
 def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dict,
                    workdir: str, read_only: bool = False,
                    step: int | None = None) -> Restored | None:
-  """The newest restorable checkpoint (only `step`, when given), None when there is none.
-
-  `target_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves). Raises
-  CheckpointError when no step is good: a run never silently restarts over unreadable
-  checkpoints. `read_only` (a reader of another job's run) moves nothing.
-  """
+  """The newest restorable checkpoint (only `step`, when given) in `target_state`'s shapes,
+  dtypes and shardings; None when there is none, CheckpointError when none is good (a run
+  never silently restarts over unreadable checkpoints). `read_only` moves nothing."""
   manager.reload()
   steps = sorted(manager.all_steps(), reverse=True)
   if step is not None and step not in steps:

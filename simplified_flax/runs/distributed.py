@@ -1,8 +1,6 @@
-"""Joining a multi-process run (`jax.distributed`), from flags or the environment: the train
-and evaluate commands call `initialize_distributed` before any JAX work; with a coordinator
-address (flag, `JAX_COORDINATOR_ADDRESS`) or `--distributed` (JAX detects the cluster) the
-process joins over gloo on CPU and starts `distributed_failure`'s watchdog; otherwise the run
-is single-process.
+"""Joining a multi-process run (`jax.distributed`, gloo on CPU) from flags or the environment,
+before any JAX work, and starting `distributed_failure`'s watchdog; without a coordinator
+address or `--distributed` the run is single-process.
 """
 import os
 

@@ -1,12 +1,8 @@
-"""A lost process of a multi-host run ends every other one within seconds, with one line.
-
-Without this, a survivor waits in a collective until JAX's coordination service gives up, then
-aborts with a C++ stack trace. Here every process keeps a heartbeat in the service's key-value
-store; a watchdog thread that sees a peer silent for `LOST_AFTER_S` (or the coordinator gone)
-prints one line naming it and exits 1 at once, skipping JAX's shutdown barrier, which would
-only abort. A collective that fails first (gloo reports the closed connection) is explained
-the same way (`explain`). A process that finished marks itself done (`mark_done`), so that
-the others, still saving, never take it for lost. Imports no JAX at module level.
+"""A lost process of a multi-host run ends every other one within seconds, with one line
+(instead of a wait in a collective and a C++ abort): each process keeps a heartbeat in JAX's
+coordination key-value store, and a watchdog thread that sees a peer silent for
+`LOST_AFTER_S`, or the coordinator gone, prints the line and exits 1 at once. A failed
+collective is explained the same way (`explain`); a finished process marks itself done.
 """
 import os
 import sys

@@ -1,10 +1,8 @@
 """A run's history, written by process 0 through `etils.epath` (the workdir may be gs://):
-`metrics.jsonl`, one JSON object per logged step (`{"step": 50, "loss": 3.21, ...}`; eval
-rows `eval_loss`, `eval_perplexity`; diagnostics rows `kurtosis/layer_0`, ...), and TensorBoard
-events written by `tensorboardX` without TensorFlow. A resume rewrites metrics.jsonl without
-the rows after the restored step (`cut_history`); TensorBoard files are never rewritten: each
-run's file starts with a purge step that hides what earlier files logged after the restored
-step. Also the console's progress line (`Progress`).
+`metrics.jsonl` (one JSON object per logged step) and TensorBoard events (`tensorboardX`, no
+TensorFlow). A resume rewrites metrics.jsonl without the rows after the restored step
+(`cut_history`); event files are never rewritten: each run's file starts with a purge step
+that hides what earlier files logged after it. Also the console's progress line.
 """
 import contextlib
 import io

@@ -1,14 +1,10 @@
-"""Where a (re)started run begins: `start(...)` restores the latest good checkpoint of the
-workdir, or rewinds to the one `config.restore_step` names, cuts the run's history back to
-that step and says so on the console (README, "Resuming").
-
-`config.restore_step`: None resumes from the latest good checkpoint (the default); N rewinds
-to the kept checkpoint of step N, moving the later steps and their metrics.jsonl rows to
-`<workdir>/set_aside/after_step_N_<time>/` (with a copy of the TensorBoard events), never
-deleting; 0 starts over, setting everything aside the same way. The steps are moved only once
-step N has read back intact. A rewind is done once: the checkpoints saved after it record the
-same restore_step, so rerunning the command later resumes from the latest step instead. A
-new config that re-shapes the learning-rate schedule gets a line naming the jump.
+"""Where a (re)started run begins (README, "Resuming"). `config.restore_step` None: the latest
+good checkpoint; N: rewind to kept step N (once it has read back intact), moving the later
+steps and metrics.jsonl rows (and a copy of the TensorBoard events) to
+`<workdir>/set_aside/after_step_N_<time>/`, never deleting; 0: start over, setting everything
+aside. The checkpoints saved after a rewind record its restore_step, so rerunning the command
+resumes from the latest step instead of rewinding again. A new config that re-shapes the
+learning-rate schedule gets a console line naming the jump.
 """
 import dataclasses
 import time
@@ -33,8 +29,7 @@ SCHEDULE_FIELDS = ("num_train_steps", "optimizer.learning_rate", "optimizer.sche
 
 @dataclasses.dataclass(frozen=True)
 class Start:
-  """Where the loop begins. `state` is the restored train state (in the restore target's
-  shardings), None for a fresh run; `notes` are the console lines to print."""
+  """Where the loop begins: the restored train state (None: a fresh run) and console notes."""
   state: Any = None
   step: int = 0
   elapsed_s: float = 0.0
@@ -44,9 +39,8 @@ class Start:
 
 def start(workdir: str, manager: ocp.CheckpointManager, target_state, config_dict: dict,
           restore_step: int | None) -> Start:
-  """The start of a run under `config_dict` (`restore_step` as the module docstring says).
-  `target_state` gives the shapes, dtypes and shardings to restore into. Raises ConfigError
-  for a restore_step that is not kept, else as `checkpoints.restore_latest` does."""
+  """The start of a run under `config_dict`, restored into `target_state`'s shapes, dtypes and
+  shardings; the history cut back to it. ConfigError for a restore_step that is not kept."""
   rewind_to, later_steps = _plan(manager, restore_step)
   restored = None
   if rewind_to != 0:   # 0: start over, nothing to restore
@@ -103,7 +97,7 @@ def learning_rate(config_dict: dict, count: int) -> float:
 
 def schedule_change(saved: dict | None, new: dict, step: int) -> str | None:
   """One line when `new` schedules the learning rate differently from `saved` (the config of
-  the checkpoint of `step`): the fields and the next update's learning rate under both."""
+  checkpoint `step`), naming the fields and the next update's learning rate under both."""
   diffs = checkpoints.config_differences(saved or {}, new)
   fields = [k for k in SCHEDULE_FIELDS if k in diffs]
   if not saved or not fields:

@@ -1,12 +1,7 @@
-"""A process of a multi-host run works under a small parent, so that losing process 0 is one
-line too. When process 0 (JAX's coordination service) dies, JAX's client ends every other
-process at once with a C++ report (`F... Terminating process because the JAX distributed
-service detected fatal errors`), and jaxlib offers no Python callback instead. So the train
-command, joining a multi-process run, starts itself again as a child and watches it: stdout is
-the child's, stderr is relayed line by line, SIGTERM and SIGINT are passed on, and the child
-gets SIGKILL when the parent dies (Linux). When the child ends with that report, the parent
-prints one line naming the lost process and exits 1; otherwise the report is relayed and the
-child's status is the parent's.
+"""In a multi-host run the train command runs itself as a watched child, so that losing
+process 0 is one line too: JAX ends the other processes with a C++ report that no Python
+callback can replace, and the parent turns that report into distributed_failure's line (other
+output is relayed; signals are passed on; the child dies with the parent). Free of JAX.
 """
 import ctypes
 import os

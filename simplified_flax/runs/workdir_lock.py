@@ -1,11 +1,8 @@
-"""One training run per workdir: `<workdir>/lock.json` names the holder (host, pid, start
-time), a thread keeps `<workdir>/lock.heartbeat` fresh. A second run raises
-`WorkdirLockedError` naming the holder before it touches anything there; a dead holder's lock
-is taken over with a warning (same host: its pid is gone; any host: its heartbeat is older
-than `stale_after_s`). Files go through `etils.epath`, so a gs:// workdir locks too: local
-locks are created with O_EXCL, remote ones written and read back (the last writer wins, the
-loser sees the winner's lock). In a multi-host run process 0 holds the lock for all. Readers
-(evaluate, sample, fine-tune) take no lock.
+"""One training run per workdir: `lock.json` names the holder (host, pid, start time) and a
+thread keeps `lock.heartbeat` fresh. A second run is refused naming the holder before it
+touches anything; a dead holder's lock (same host: pid gone; any host: heartbeat older than
+`stale_after_s`) is taken over with a warning. Through `etils.epath`, so gs:// workdirs lock
+too; in a multi-host run process 0 holds the lock. Readers (evaluate, sample) take none.
 """
 import contextlib
 import dataclasses
