@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from conftest import tiny_config
-from simplified_flax.model import checks
+from simplified_flax.runs import config_checks
 from simplified_flax.model import grad_rules
 from simplified_flax.model import transformer
 
@@ -41,6 +41,6 @@ def test_rules_on_and_off_give_the_same_gradients(variant):
 def test_auto_follows_the_backend_and_a_bad_mode_is_refused():
   assert grad_rules.enabled("auto") == (jax.default_backend() == "cpu")
   assert grad_rules.enabled("on") and not grad_rules.enabled("off")
-  with pytest.raises(checks.ConfigError, match=r"model.grad_rules='fast' is unknown"):
-    checks.validate_model_config(tiny_config("preln", grad_rules="fast").model)
+  with pytest.raises(config_checks.ConfigError, match=r"model.grad_rules='fast' is unknown"):
+    config_checks.validate_model_config(tiny_config("preln", grad_rules="fast").model)
   assert grad_rules.matmul("off") is jnp.dot

@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from simplified_flax.model import checks
 from simplified_flax.model import layer_stack
 from simplified_flax.model import layers
 from simplified_flax.model import masks
@@ -124,7 +123,6 @@ def TransformerEncoder(cfg, dtype=jnp.float32, **kwargs) -> Transformer:
 
 def build_model(model_config, dtype="float32") -> Transformer:
   """The model `model_config.kind` names ("decoder" or "encoder"), computing in `dtype`."""
-  checks.validate_model_config(model_config)
   compute_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
   make = TransformerLM if model_config.kind == "decoder" else TransformerEncoder
   return make(model_config, dtype=compute_dtype)

@@ -16,7 +16,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from simplified_flax.model.checks import ConfigError
+from simplified_flax.runs.config_checks import ConfigError
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import metrics_io
 from simplified_flax.training import optimizer
