@@ -1,4 +1,5 @@
-"""Checkpoint helpers: the state fingerprint, config comparison, and the metrics history."""
+"""Checkpoint helpers: the state fingerprint, config comparison, and the metrics history (its
+cut on resume, TensorBoard's view of a resumed run)."""
 import json
 
 import jax
@@ -9,7 +10,6 @@ import pytest
 from conftest import TINY_MODEL, load_config
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import metrics_io
-from simplified_flax.model.parameters import parameter_shapes as param_shapes
 
 
 # ------------------------------------------------------------------------------------------
@@ -64,58 +64,64 @@ def test_only_fields_that_change_parameter_shapes_are_named():
   saved = _config_dict()
   new = _config_dict(n_embd=48, dropout_rate=0.1, vocab_size=70)
   new["optimizer"]["learning_rate"] = 5e-4
-  fields = checkpoints.shape_changing_fields(saved, new, param_shapes)
+  fields = checkpoints.shape_changing_fields(saved, new)
   assert fields == ["model.n_embd", "model.vocab_size"]
-  assert checkpoints.shape_changing_fields(saved, _config_dict(dropout_rate=0.1),
-                                           param_shapes) == []
+  assert checkpoints.shape_changing_fields(saved, _config_dict(dropout_rate=0.1)) == []
 
 
 def test_check_compatible_raises_naming_fields_and_values():
   with pytest.raises(checkpoints.IncompatibleCheckpointError,
                      match=r"model.n_layer \(saved 2, now 3\)"):
-    checkpoints.check_compatible(_config_dict(), _config_dict(n_layer=3), param_shapes, "ckpt")
-  checkpoints.check_compatible(_config_dict(), _config_dict(dropout_rate=0.1), param_shapes,
+    checkpoints.check_compatible(_config_dict(), _config_dict(n_layer=3), "ckpt")
+  checkpoints.check_compatible(_config_dict(), _config_dict(dropout_rate=0.1),
                                "ckpt")                     # shapes agree: only a warning
 
 
 # ------------------------------------------------------------------------------------------
 # Metrics history.
 # ------------------------------------------------------------------------------------------
-def test_truncate_history_drops_later_and_torn_rows_and_summaries(tmp_path):
+def test_cut_history_drops_later_and_torn_rows_and_moves_them_aside(tmp_path):
   path = tmp_path / "metrics.jsonl"
   rows = [{"step": s, "loss": 1.0 / s} for s in range(1, 6)]
   path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 6, "lo')
   assert len(metrics_io.read_history(str(path))) == 5
-  writer = metrics_io.TensorBoardWriter(str(tmp_path / "tensorboard"))
-  for r in rows:
-    writer.write_scalars(r["step"], {"loss": r["loss"]})
-  writer.close()
-  events, = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
-  whole = events.read_bytes()
-  events.write_bytes(whole + whole[-40:-10])          # a killed writer's half record
-  records, torn = metrics_io.read_records(events.read_bytes())
-  assert len(records) == 1 + len(rows) and torn        # the file-version event, 5 summaries
-
-  metrics_io.truncate_history(str(tmp_path), 3)
+  events = tmp_path / "tensorboard" / "events.out.tfevents.1.host"
+  events.parent.mkdir()
+  events.write_bytes(b"events")
+  metrics_io.cut_history(str(tmp_path), 3, tmp_path / "aside")
   assert metrics_io.read_history(str(path)) == rows[:3]
-  # TensorFlow's own reader, independent of ours, sees steps 1-3 and a whole file.
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from tensorboard.compat.proto import event_pb2  # pylint: disable=import-outside-toplevel
-  read = [event_pb2.Event.FromString(bytes(r.numpy()))
-          for r in tf.data.TFRecordDataset(str(events))]
-  assert read[0].file_version == "brain.Event:2"
-  assert [(e.step, e.summary.value[0].simple_value) for e in read[1:]] == [
-      (r["step"], pytest.approx(r["loss"])) for r in rows[:3]]
-  assert list(tmp_path.glob("**/*.tmp*")) == []
+  assert path.read_text().endswith("}\n")                       # the torn line is gone
+  assert metrics_io.read_history(str(tmp_path / "aside" / "metrics.jsonl")) == rows[3:]
+  assert (tmp_path / "aside" / "tensorboard" / events.name).read_bytes() == b"events"
+  assert events.exists() and list(tmp_path.glob("**/*.tmp*")) == []
 
 
-def test_jsonl_writer_writes_one_row_per_call(tmp_path):
-  writer = metrics_io.JsonlWriter(str(tmp_path / "m.jsonl"))
+def test_tensorboard_shows_a_resumed_run_once_without_the_killed_runs_tail(tmp_path):
+  # pylint: disable-next=g-import-not-at-top
+  from tensorboard.backend.event_processing import event_accumulator
+  killed = metrics_io.MetricsWriter(str(tmp_path))
+  for step in range(1, 6):
+    killed.write_scalars(step, {"loss": step})
+  killed.flush()                     # never closed: the process is killed after this
+  resumed = metrics_io.MetricsWriter(str(tmp_path), start_step=3)
+  for step in range(4, 7):
+    resumed.write_scalars(step, {"loss": 10 * step})
+  resumed.close()
+  assert len(list(tmp_path.glob("tensorboard/events.out.tfevents.*"))) == 2   # none rewritten
+  events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+  events.Reload()   # TensorBoard's own reader
+  assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
+      (1, 1), (2, 2), (3, 3), (4, 40), (5, 50), (6, 60)]
+
+
+def test_metrics_jsonl_gets_one_row_per_call_flushed_at_once(tmp_path):
+  writer = metrics_io.MetricsWriter(str(tmp_path), tensorboard=False)
   writer.write_scalars(10, {"loss": np.float32(2.5), "learning_rate": 1e-3})
   writer.write_scalars(10, {"eval_loss": 2.0})
-  writer.close()
-  assert metrics_io.read_history(str(tmp_path / "m.jsonl")) == [
+  assert metrics_io.read_history(str(tmp_path / "metrics.jsonl")) == [    # before any close
       {"step": 10, "loss": 2.5, "learning_rate": 1e-3}, {"step": 10, "eval_loss": 2.0}]
+  writer.close()
+  assert not (tmp_path / "tensorboard").exists()
 
 
 def test_format_duration():

@@ -1,8 +1,9 @@
 """The core runs without TensorFlow: with `tensorflow` and `tensorflow_datasets` made
 unimportable (blocked in sys.modules, in a child process), the model, the train step, the
 optimiser, the Orbax checkpoint save/restore, a resume's cut of the metrics history and
-TensorBoard events, decoding, the configs and the benchmark import and run. A user with their
-own data loader (here: random tokens) never needs TensorFlow."""
+TensorBoard events (as TensorBoard reads them), decoding, the configs and the benchmark
+import and run. A user with their own data loader (here: random tokens) never needs
+TensorFlow."""
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,6 @@ import textwrap
 from test_train_loop import REPO, subprocess_env
 
 CHILD = textwrap.dedent('''
-    import pathlib
     import sys
     # None in sys.modules is Python's own import block: `import tensorflow` raises
     # ImportError and importlib.util.find_spec("tensorflow") answers None, as when absent.
@@ -24,7 +24,6 @@ CHILD = textwrap.dedent('''
     import simplified_flax.data   # noqa: F401  (tf and tfds only inside the tfds corpus reader)
     from simplified_flax.model import decode                   # noqa: F401
     from simplified_flax.runs import checkpoints, metrics_io
-    from simplified_flax.model.parameters import parameter_shapes
     from simplified_flax.training.step import create_train_state, train_step
 
     workdir = sys.argv[1]
@@ -36,20 +35,24 @@ CHILD = textwrap.dedent('''
     state, metrics = jax.jit(train_step)(state, batch)
     assert np.isfinite(float(metrics["loss"])) and int(state.step) == 1
 
-    writer = metrics_io.make_writer(workdir)                   # metrics.jsonl + TensorBoard
+    writer = metrics_io.MetricsWriter(workdir)                # metrics.jsonl + TensorBoard
     for step in (1, 2):
-      writer.write_scalars(step, {"loss": float(metrics["loss"])})
+      writer.write_scalars(step, {"loss": float(step)})
     writer.close()
-    metrics_io.truncate_history(workdir, 1)     # what a resume from step 1 does
-    events, = pathlib.Path(workdir, "tensorboard").glob("events.out.tfevents.*")
-    records, torn = metrics_io.read_records(events.read_bytes())
-    assert len(records) == 2 and not torn, records   # the file-version event and step 1
+    metrics_io.cut_history(workdir, 1)          # what a resume from step 1 does
+    writer = metrics_io.MetricsWriter(workdir, start_step=1)
+    writer.write_scalars(2, {"loss": 0.5})
+    writer.close()
+    from tensorboard.backend.event_processing import event_accumulator
+    events = event_accumulator.EventAccumulator(f"{workdir}/tensorboard")
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 1.0), (2, 0.5)]
     config_dict = config.to_dict()
     manager = checkpoints.make_manager(workdir, 2, 1)
     checkpoints.save(manager, 1, state, {}, config_dict, {})
     manager.wait_until_finished()
     target = jax.eval_shape(lambda s: s, state)
-    restored = checkpoints.restore_latest(manager, target, config_dict, parameter_shapes, workdir)
+    restored = checkpoints.restore_latest(manager, target, config_dict, workdir)
     manager.close()
     assert restored.step == 1
     for a, b in zip(jax.tree.leaves(restored.state), jax.tree.leaves(state)):

@@ -84,7 +84,7 @@ INDEX = [   # what pip may choose from: newer jax releases that must not be take
     ("optax", "0.2.6", ["jax>=0.5.3"]), ("optax", "0.2.8", ["jax>=0.9.0"]),
     ("orbax-checkpoint", "0.11.30", ["jax>=0.6.0", "absl-py"]),
     ("orbax-checkpoint", "0.12.8", ["jax>=0.9.0", "absl-py"]),
-    ("ml-collections", "1.1.0", ["absl-py"]),
+    ("ml-collections", "1.1.0", ["absl-py"]), ("tensorboardX", "2.6.5", []),
 ]
 
 

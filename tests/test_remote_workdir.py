@@ -118,14 +118,16 @@ def test_gs_workdir_train_kill_resume_evaluate_sample(gcs, tmp_path):
   assert not os.path.exists(os.path.join(REPO, "gs:")), "wrote a local folder named gs:"
 
 
-def test_gs_rewind_moves_steps_and_history_inside_the_bucket(gcs, monkeypatch):
-  """restore_step's set-aside (the same folder move as a corrupt step's) and a resume's cut of
-  metrics.jsonl and the TensorBoard events, on gs:// in this process: nothing lands locally."""
+def test_gs_rewind_moves_steps_and_history_inside_the_bucket(gcs, monkeypatch, tmp_path):
+  """restore_step's set-aside (the same folder move as a corrupt step's), the cut of
+  metrics.jsonl and the resumed run's TensorBoard events, on gs:// in this process: nothing
+  lands locally."""
   # pylint: disable=import-outside-toplevel
   import gcsfs
   import etils.epath.gpath as gpath
   from etils import epath
-  from simplified_flax.runs import metrics_io, rewind
+  from tensorboard.backend.event_processing import event_accumulator
+  from simplified_flax.runs import checkpoints, metrics_io
   fs, _ = gcs
   monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)    # epath through gcsfs
   gcsfs.GCSFileSystem.clear_instance_cache()                       # this test's emulator
@@ -133,24 +135,31 @@ def test_gs_rewind_moves_steps_and_history_inside_the_bucket(gcs, monkeypatch):
   for step in (4, 8):
     for name in ("_CHECKPOINT_METADATA", "state/manifest.ocdbt", "state/d/0"):
       fs.pipe(f"{BUCKET}/run/checkpoints/{step}/{name}", f"{step}/{name}".encode())
-  writer = metrics_io.make_writer(run)
+  writer = metrics_io.MetricsWriter(run)
   for step in range(1, 9):
     writer.write_scalars(step, {"loss": 1.0 / step})
   writer.close()
   manager = type("Manager", (), {"directory": epath.Path(f"{run}/checkpoints"),
                                  "reload": lambda self: None})()
 
-  dest = rewind.set_aside(run, manager, 4, [8])
-  aside = str(dest).removeprefix("gs://")
+  dest = epath.Path(f"{run}/set_aside/after_step_4")
+  checkpoints.set_aside(manager, {8: dest / "checkpoints" / "8"}, "rewind to step 4")
+  metrics_io.cut_history(run, 4, dest)
+  aside = f"{BUCKET}/run/set_aside/after_step_4"
   assert fs.cat(f"{aside}/checkpoints/8/state/d/0") == b"8/state/d/0"
   assert not fs.exists(f"{BUCKET}/run/checkpoints/8") and fs.exists(f"{BUCKET}/run/checkpoints/4")
   assert [r["step"] for r in metrics_io.read_history(dest / "metrics.jsonl")] == [5, 6, 7, 8]
+  assert [r["step"] for r in metrics_io.read_history(f"{run}/metrics.jsonl")] == [1, 2, 3, 4]
   assert len(fs.ls(f"{aside}/tensorboard")) == 1
 
-  metrics_io.truncate_history(run, 4)
-  assert [r["step"] for r in metrics_io.read_history(f"{run}/metrics.jsonl")] == [1, 2, 3, 4]
-  events, = fs.ls(f"{BUCKET}/run/tensorboard")
-  records, torn = metrics_io.read_records(fs.cat(events))
-  assert len(records) == 1 + 4 and not torn          # the file-version event and steps 1-4
+  resumed = metrics_io.MetricsWriter(run, start_step=4)
+  resumed.write_scalars(5, {"loss": 0.5})
+  resumed.flush()                   # a remote event file is rewritten whole at each flush
+  fs.get(f"{BUCKET}/run/tensorboard/", str(tmp_path / "tensorboard"), recursive=True)
+  events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+  events.Reload()
+  assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
+      (1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3)), (4, 0.25), (5, 0.5)]
+  resumed.close()
   assert not [p for p in fs.find(BUCKET) if ".tmp-" in p]
   assert not os.path.exists(os.path.join(REPO, "gs:")), "wrote a local folder named gs:"

@@ -10,22 +10,21 @@ import pytest
 from simplified_flax.runs.config_checks import ConfigError
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import metrics_io
-from simplified_flax.runs import rewind
+from simplified_flax.runs import resume
 from simplified_flax.train import NonFiniteLossError, train_and_evaluate
 from test_train_loop import TINY, make_config, train_rows, write_corpus
 
 
 def _tensorboard_steps(workdir) -> collections.Counter:
-  """How often each (tag, step) appears in the run's TensorBoard event files."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from tensorboard.compat.proto import event_pb2  # pylint: disable=import-outside-toplevel
-  seen = collections.Counter()
-  for path in tf.io.gfile.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*")):
-    for record in tf.data.TFRecordDataset(path):
-      event = event_pb2.Event.FromString(bytes(record.numpy()))
-      for value in event.summary.value:
-        seen[(value.tag, event.step)] += 1
-  return seen
+  """How often each (tag, step) appears in the run's TensorBoard, read as TensorBoard's
+  Scalars and Text tabs read it."""
+  # pylint: disable-next=import-outside-toplevel
+  from tensorboard.backend.event_processing import plugin_event_accumulator
+  events = plugin_event_accumulator.EventAccumulator(
+      os.path.join(workdir, "tensorboard"), size_guidance={"tensors": 0})
+  events.Reload()
+  return collections.Counter((tag, e.step) for tag in events.Tags()["tensors"]
+                             for e in events.Tensors(tag))
 
 
 def test_the_trail_keeps_every_kth_step_beside_the_latest(tmp_path):
@@ -64,16 +63,17 @@ def test_diverge_then_rewind_with_a_lower_learning_rate_and_train_to_the_end(tmp
   rows = train_rows(workdir)
   assert sorted(rows) == list(range(1, steps + 1))
   assert all(np.isfinite(rows[s]["loss"]) for s in rows)
-  aside = os.listdir(workdir / rewind.SET_ASIDE_DIR)
+  aside = os.listdir(workdir / resume.SET_ASIDE_DIR)
   assert len(aside) == 1 and aside[0].startswith("after_step_4_")
-  aside = workdir / rewind.SET_ASIDE_DIR / aside[0]
+  aside = workdir / resume.SET_ASIDE_DIR / aside[0]
   assert sorted(int(s) for s in os.listdir(aside / "checkpoints")) == kept[1:]
   assert [r["step"] for r in metrics_io.read_history(str(aside / metrics_io.METRICS_FILE))
           if "loss" in r] == list(range(5, kept[-1] + 1))
+  assert os.listdir(aside / "tensorboard")          # the diverged run stays viewable there
   counts = _tensorboard_steps(workdir)
   assert {s for (tag, s) in counts if tag == "train/loss"} == set(range(1, steps + 1))
   assert max(counts.values()) == 1, [k for k, n in counts.items() if n > 1]
 
   train(restore_step=4)          # the same command again: the rewind is not repeated
-  assert len(os.listdir(workdir / rewind.SET_ASIDE_DIR)) == 1
+  assert len(os.listdir(workdir / resume.SET_ASIDE_DIR)) == 1
   assert sorted(train_rows(workdir)) == list(range(1, steps + 1))

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from simplified_flax.runs import metrics_io
-from simplified_flax.runs import resume_changes
+from simplified_flax.runs import resume
 from simplified_flax.train import train_and_evaluate
 from test_train_loop import TINY, make_config, train_rows, write_corpus
 
@@ -14,21 +14,23 @@ from test_train_loop import TINY, make_config, train_rows, write_corpus
 def test_tensorboard_groups_the_loops_tags_and_shows_the_config_as_text(tmp_path):
   # pylint: disable-next=g-import-not-at-top
   from tensorboard.backend.event_processing import event_accumulator
-  writer = metrics_io.TensorBoardWriter(str(tmp_path))
-  writer.write_config(0, {"seed": 3, "model": {"n_layer": 2, "kind": "decoder"}})
+  config_dict = {"seed": 3, "model": {"n_layer": 2, "kind": "decoder"}}
+  writer = metrics_io.MetricsWriter(str(tmp_path), start_step=4, config_dict=config_dict)
   writer.write_scalars(5, {"loss": 2.5, "learning_rate": 1e-3, "eval_loss": 2.0,
                            "eval_perplexity": 7.4, "kurtosis/layer_0": 0.5})
   writer.close()
-  events = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+  events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"),
+                                              size_guidance={"tensors": 0})
   events.Reload()   # TensorBoard's own reader, as its Scalars and Text tabs use it
   assert sorted(events.Tags()["scalars"] + events.Tags()["tensors"]) == [
-      "config", "eval/loss", "eval/perplexity", "kurtosis/layer_0", "train/learning_rate",
-      "train/loss"]
-  (config,) = events.Tensors("config")
+      "config/text_summary", "eval/loss", "eval/perplexity", "kurtosis/layer_0",
+      "train/learning_rate", "train/loss"]
+  (config,) = events.Tensors("config/text_summary")
+  assert config.step == 5                         # the first step the run trains
   text = config.tensor_proto.string_val[0].decode()
   assert text.splitlines() == ["    model.kind = 'decoder'", "    model.n_layer = 2",
                                "    seed = 3"]
-  assert events.SummaryMetadata("config").plugin_data.plugin_name == "text"
+  assert events.SummaryMetadata("config/text_summary").plugin_data.plugin_name == "text"
   assert events.Scalars("train/loss")[0].value == 2.5
 
 
@@ -58,15 +60,15 @@ def _saved(**changes):
 
 def test_a_schedule_change_is_one_line_with_both_learning_rates():
   saved = _saved()
-  assert resume_changes.schedule_change(saved, _saved(), 20) is None
-  assert resume_changes.schedule_change(saved, _saved(optimizer__b2=0.98), 20) is None
-  line = resume_changes.schedule_change(saved, _saved(num_train_steps=80), 20)
+  assert resume.schedule_change(saved, _saved(), 20) is None
+  assert resume.schedule_change(saved, _saved(optimizer__b2=0.98), 20) is None
+  line = resume.schedule_change(saved, _saved(num_train_steps=80), 20)
   # linear: warm-up 2 steps of 40 (4 of 80), then decay to 0 at the last step
   before, after = 1e-3 * (1 - 18 / 38), 1e-3 * (1 - 16 / 76)
   assert line == (f"Learning-rate schedule changed on resume (num_train_steps 40 -> 80): step "
                   f"21 trains at lr {after:.3e} (the saved schedule: {before:.3e}) and the new "
                   f"schedule runs from there; set these fields back to keep the saved one.")
-  line = resume_changes.schedule_change(saved, _saved(optimizer__schedule="cosine",
+  line = resume.schedule_change(saved, _saved(optimizer__schedule="cosine",
                                                       optimizer__warmup_steps=0), 20)
   assert "optimizer.schedule 'linear' -> 'cosine', optimizer.warmup_steps None -> 0" in line
 
@@ -83,5 +85,5 @@ def test_resuming_with_more_steps_prints_the_learning_rate_it_trains_at(tmp_path
   saved = json.load(open(f"{workdir}/config.json"))
   logged = train_rows(workdir)[5]["learning_rate"]     # the first update after the resume
   assert f"step 5 trains at lr {logged:.3e}" in line
-  before = resume_changes.learning_rate(dict(saved, num_train_steps=4), 4)
+  before = resume.learning_rate(dict(saved, num_train_steps=4), 4)
   assert f"(the saved schedule: {before:.3e})" in line

@@ -145,7 +145,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
   stale = epath.Path(workdir) / metrics_io.METRICS_FILE
   if jax.process_index() == 0 and stale.exists():   # a fine-tuning run never resumes
     stale.unlink()
-  writer = metrics_io.make_writer(workdir, tensorboard)
+  writer = metrics_io.MetricsWriter(workdir, tensorboard)
   rng = np.random.default_rng(ft.seed)
   steps, pending, scores = 0, [], {}
   try:

@@ -1,40 +1,30 @@
-"""Checkpoints with Orbax: save, resume from the latest good one, refuse incompatible configs.
-
-A checkpoint `<workdir>/checkpoints/<step>/` holds four items:
-    state   the train state: params, constants, optimiser state, step, RNG (StandardSave)
-    data    the training iterator's state (JSON)
-    config  the resolved config of the run (JSON)
-    meta    {"step", "fingerprint", "elapsed_s"} (JSON)
-
-Guarantees:
-* Orbax writes a step into a temporary directory and renames it only when every item is
-  complete; old steps beyond `max_to_keep` are deleted only after that, so a newer checkpoint
-  never replaces an older good one before it is whole. Saving is asynchronous.
-* `fingerprint` is an order-independent integer hash of every state leaf's bits, checked on
-  restore: a truncated or corrupt step is reported and the previous step is tried; once a good
-  one is found the bad ones move to `<workdir>/corrupt_checkpoints/`. If none is good the
-  restore fails and nothing moves.
-* A saved config that differs from the new one in a way that changes parameter shapes raises
-  `IncompatibleCheckpointError` naming the fields; checkpoints are never touched for that.
+"""Orbax checkpoints `<workdir>/checkpoints/<step>/` (`state`, iterator `data`, `config`, `meta`
+with the state's `fingerprint`): saved asynchronously and renamed into place only once whole;
+restored from the latest step whose fingerprint matches (bad steps are reported, the previous
+one tried, and once a good one is found the bad ones are moved to `corrupt_checkpoints/`,
+never deleted); a config that changes parameter shapes is refused naming the fields.
 """
 import dataclasses
 import os
 import time
-from typing import Any, Callable
+from typing import Any
 
 from absl import logging
 from etils import epath
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from simplified_flax import config_files
 from simplified_flax import storage
-from simplified_flax.runs.fingerprint import fingerprint
+from simplified_flax.model.parameters import parameter_shapes
 
 ITEMS = ("state", "data", "config", "meta")
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
+# Fields that only say how this start resumes; they never make a checkpoint incompatible.
+RESUME_ONLY_FIELDS = ("restore_step",)
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -49,28 +39,19 @@ class WorkdirError(FileNotFoundError):
   """The workdir, or the checkpoint step asked for, does not exist."""
 
 
-# Fields that only say how this start resumes; they never make a checkpoint incompatible.
-RESUME_ONLY_FIELDS = ("restore_step",)
-
-
 @dataclasses.dataclass
 class Restored:
   step: int
   state: Any
   data_state: Any
   meta: dict
-  config: dict | None = None   # the config the checkpoint was saved with
+  config: dict   # the config the checkpoint was saved with
 
-
-# ---------------------------------------------------------------------------------- manager
 
 def make_manager(workdir: str, max_to_keep: int, save_interval_steps: int,
                  async_save: bool = True, keep_every_steps: int = 0) -> ocp.CheckpointManager:
-  """The run's CheckpointManager over `<workdir>/checkpoints` (left-over temp dirs removed).
-
-  It keeps the latest `max_to_keep` steps and, with `keep_every_steps` = K > 0, every step
-  divisible by K as well (Orbax preservation policies): a sparse trail from before a blow-up.
-  """
+  """The run's manager: the latest `max_to_keep` steps kept and, with `keep_every_steps` = K,
+  every step divisible by K (a sparse trail from before a blow-up); temp dirs cleaned up."""
   preservation = ocp.checkpoint_managers.LatestN(max_to_keep)
   if keep_every_steps > 0:
     preservation = ocp.checkpoint_managers.AnyPreservationPolicy(
@@ -82,16 +63,13 @@ def make_manager(workdir: str, max_to_keep: int, save_interval_steps: int,
 
 
 def open_read_only(workdir: str) -> ocp.CheckpointManager:
-  """A manager that only reads `<workdir>/checkpoints`, for evaluating, sampling or
-  fine-tuning from a run that may still be training: it creates, deletes and cleans up
-  nothing (a training manager removes temporary directories, which would destroy a step
-  that the running job is writing). Raises FileNotFoundError if there is no such folder."""
+  """A manager that creates, deletes and cleans up nothing (a clean-up would destroy the step a
+  running job writes), for reading another run. WorkdirError when there is no such folder."""
   directory = _directory(workdir)
   if not directory.exists():
     raise WorkdirError(f"{directory} does not exist: is {workdir!r} the --workdir of a "
-                            "training run?")
-  # The values a read-only manager needs, given explicitly: Orbax warns about each default
-  # it has to change (save_interval_steps=1, max_to_keep) on every evaluate or sample.
+                       "training run?")
+  # Every value given: Orbax warns about each default it changes.
   options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0,
                                          max_to_keep=None, cleanup_tmp_directories=False)
   verbosity = logging.get_verbosity()
@@ -108,19 +86,37 @@ def _directory(workdir: str) -> epath.Path:
   return epath.Path(root) / CHECKPOINT_DIR
 
 
+def _bits_u32(x: jax.Array) -> jax.Array:
+  """The bits of each element as uint32 (64-bit elements: their two halves added)."""
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  itemsize = jnp.dtype(x.dtype).itemsize
+  if itemsize == 8:
+    return jnp.sum(jax.lax.bitcast_convert_type(x, jnp.uint32), axis=-1)
+  unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[itemsize]
+  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+@jax.jit
+def fingerprint(tree) -> jax.Array:
+  """uint32 hash of all leaves: sum over elements of bits * (2 * flat_index + 1), mixed;
+  integer arithmetic wraps exactly, so neither sharding nor reduction order changes it."""
+  total = jnp.uint32(0)
+  for leaf in map(jnp.asarray, jax.tree.leaves(tree)):
+    index = jnp.arange(leaf.size, dtype=jnp.uint32).reshape(leaf.shape)
+    leaf_hash = jnp.sum(_bits_u32(leaf) * (2 * index + 1), dtype=jnp.uint32)
+    total = total * jnp.uint32(1_000_003) + leaf_hash + jnp.uint32(leaf.size)
+  return total
+
+
 def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_dict: dict,
          meta: dict) -> bool:
-  """Starts saving `step` (asynchronously); `meta` gets the state's fingerprint added.
-
-  Forced: the caller decides the steps (its interval, the last step, a preemption).
-  """
+  """Starts saving `step` (asynchronously, forced); `meta` gets the state's fingerprint."""
   meta = dict(meta, step=int(step), fingerprint=int(jax.device_get(fingerprint(state))))
   return manager.save(step, force=True, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
       config=ocp.args.JsonSave(config_dict), meta=ocp.args.JsonSave(meta)))
 
-
-# --------------------------------------------------------------------- config compatibility
 
 def flatten_config(d: dict) -> dict[str, Any]:
   """{"model": {"n_layer": 2}} -> {"model.n_layer": 2}."""
@@ -133,33 +129,28 @@ def config_differences(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:
   return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
-def shape_changing_fields(saved: dict, new: dict,
-                          param_shapes: Callable[[dict], dict]) -> list[str]:
-  """The differing model fields of `new` that can change `param_shapes(config_dict)`.
-
-  `param_shapes` maps a config dict to {parameter path: shape}; it runs once per config (the
-  model is traced with `jax.eval_shape`, never built per field). When the saved and new
-  shapes agree the answer is []. Otherwise every differing model field is named except those
-  that are numbers on both sides (gains, rates, epsilons: scalars that shape no parameter).
-  """
+def shape_changing_fields(saved: dict, new: dict) -> list[str]:
+  """[] when both configs give the same parameter shapes, else the differing model fields
+  that can change them (not numbers on both sides: rates and epsilons shape nothing)."""
   diffs = config_differences(saved, new)
   model_diffs = [k for k in diffs if k.startswith("model.")]
-  if not model_diffs or param_shapes(saved) == param_shapes(new):
+  if not model_diffs or parameter_shapes(saved) == parameter_shapes(new):
     return []
   culprits = [k for k in model_diffs if not all(isinstance(v, float) for v in diffs[k])]
   return culprits or model_diffs
 
 
-def check_compatible(saved: dict, new: dict, param_shapes: Callable[[dict], dict],
-                     where: str) -> None:
-  """Raises IncompatibleCheckpointError when `saved` and `new` give different parameters."""
+def check_compatible(saved: dict, new: dict, where: str) -> None:
+  """IncompatibleCheckpointError when `saved` and `new` shape parameters differently; the
+  other differences are logged."""
   diffs = config_differences(saved, new)
-  culprits = shape_changing_fields(saved, new, param_shapes)
+  culprits = shape_changing_fields(saved, new)
   if culprits:
     listing = ", ".join(f"{k} (saved {diffs[k][0]!r}, now {diffs[k][1]!r})" for k in culprits)
     # The first parameter (in path order) whose shape differs; a None shape is absent.
-    path, shapes = next(iter(config_differences(param_shapes(saved), param_shapes(new)).items()))
-    was, now = ("absent" if shape is None else shape for shape in shapes)
+    shapes = config_differences(parameter_shapes(saved), parameter_shapes(new))
+    path, (was, now) = next(iter(shapes.items()))
+    was, now = ("absent" if shape is None else shape for shape in (was, now))
     raise IncompatibleCheckpointError(
         f"Refusing to resume from {where}: the new config changes parameter shapes through "
         f"{listing} (e.g. {path}: saved {was}, now {now}). Use a fresh --workdir, or set these "
@@ -170,55 +161,46 @@ def check_compatible(saved: dict, new: dict, param_shapes: Callable[[dict], dict
                     ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in others.items()))
 
 
-# ------------------------------------------------------------------- restore with fall-back
-
 def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dict,
-                   param_shapes: Callable[[dict], dict], workdir: str,
-                   set_aside: bool = True, step: int | None = None) -> Restored | None:
-  """The newest restorable checkpoint, or None when the workdir has no checkpoint.
-
-  `target_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves); `step`
-  restricts the search to that one step. Bad steps are handled as the module docstring says
-  (CheckpointError when none is good: a run never silently restarts from scratch over
-  unreadable checkpoints); readers of another job's run pass an `open_read_only` manager and
-  `set_aside=False`, which moves nothing.
-  """
+                   workdir: str, read_only: bool = False,
+                   step: int | None = None) -> Restored | None:
+  """The newest restorable checkpoint (only `step`, when given) in `target_state`'s shapes,
+  dtypes and shardings; None when there is none, CheckpointError when none is good (a run
+  never silently restarts over unreadable checkpoints). `read_only` moves nothing."""
   manager.reload()
   steps = sorted(manager.all_steps(), reverse=True)
-  if step is not None:
-    if step not in steps:
-      raise WorkdirError(f"No checkpoint step {step} under {manager.directory}; it holds "
-                              f"steps {sorted(steps)}.")
-    steps = [step]
-  bad: list[tuple[int, str]] = []
-  for s in steps:
-    why, restored = _try_restore(manager, s, target_state, new_config, param_shapes)
-    if why is not None:
-      logging.error("Checkpoint %s/%d is truncated or corrupt: %s. Trying the previous one.",
-                    manager.directory, s, why)
-      bad.append((s, why))
-      continue
-    for bad_step, bad_why in bad if set_aside else ():
-      _set_aside(manager, bad_step, workdir, bad_why)
-    logging.info("Restored checkpoint %s/%d.", manager.directory, s)
-    return restored
+  if step is not None and step not in steps:
+    raise WorkdirError(f"No checkpoint step {step} under {manager.directory}; it holds "
+                       f"steps {sorted(steps)}.")
+  bad: dict[int, str] = {}
+  for s in steps if step is None else [step]:
+    why, restored = _try_restore(manager, s, target_state, new_config)
+    if why is None:
+      if not read_only:
+        stamp = int(time.time())
+        set_aside(manager, {b: epath.Path(workdir) / CORRUPT_DIR / f"{b}-{stamp}" for b in bad},
+                  "truncated or corrupt")
+      logging.info("Restored checkpoint %s/%d.", manager.directory, s)
+      return restored
+    logging.error("Checkpoint %s/%d is truncated or corrupt: %s. Trying the previous one.",
+                  manager.directory, s, why)
+    bad[s] = why
   if bad:
     raise CheckpointError(
         f"No checkpoint under {manager.directory} can be restored: "
-        + "; ".join(f"step {s}: {w}" for s, w in bad)
+        + "; ".join(f"step {s}: {w}" for s, w in bad.items())
         + ". Nothing was moved; fix the storage or start a new --workdir.")
   return None
 
 
-def _try_restore(manager, step, target_state, new_config, param_shapes):
+def _try_restore(manager, step, target_state, new_config):
   """(None, Restored) for a good step, else (why it is bad, None)."""
   try:
     head = manager.restore(step, args=ocp.args.Composite(
         config=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
   except Exception as e:  # pylint: disable=broad-except
     return f"its config/meta cannot be read ({e!r:.300})", None
-  check_compatible(head["config"], new_config, param_shapes,
-                   f"{manager.directory}/{step}")
+  check_compatible(head["config"], new_config, f"{manager.directory}/{step}")
   try:
     body = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
@@ -231,12 +213,16 @@ def _try_restore(manager, step, target_state, new_config, param_shapes):
   return None, Restored(step, body["state"], body["data"], head["meta"], head["config"])
 
 
-def _set_aside(manager: ocp.CheckpointManager, step: int, workdir: str, why: str) -> None:
-  """Moves a bad step to <workdir>/corrupt_checkpoints/ (process 0 moves, all wait)."""
-  source = epath.Path(manager.directory) / str(step)
-  dest = epath.Path(workdir) / CORRUPT_DIR / f"{step}-{int(time.time())}"
-  logging.error("Moving the bad checkpoint %s to %s (%s).", source, dest, why)
+def set_aside(manager: ocp.CheckpointManager, destinations: dict[int, epath.Path],
+              why: str) -> None:
+  """Moves each checkpoint step of `destinations` to its folder there, never deleting (corrupt
+  steps, the steps a rewind goes back past): process 0 moves, all wait, the manager rereads."""
+  if not destinations:
+    return
+  logging.warning("Setting aside checkpoints %s (%s): %s", sorted(destinations), why,
+                  ", ".join(str(d) for d in destinations.values()))
   if jax.process_index() == 0:
-    storage.move_folder(source, dest)
-  multihost_utils.sync_global_devices(f"set_aside_checkpoint_{step}")
+    for step, dest in destinations.items():
+      storage.move_folder(epath.Path(manager.directory) / str(step), dest)
+  multihost_utils.sync_global_devices(f"set_aside_{'_'.join(map(str, destinations))}")
   manager.reload()

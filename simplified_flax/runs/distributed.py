@@ -1,9 +1,6 @@
-"""Joining a multi-process run (`jax.distributed`), from flags or the environment.
-
-The train and evaluate commands call `initialize_distributed` before any JAX work: with a
-coordinator address (flag, `JAX_COORDINATOR_ADDRESS`) or `--distributed` (JAX detects the cluster)
-the process joins the run over gloo on CPU and starts the watchdog of `distributed_failure`;
-without one nothing happens and the run is single-process.
+"""Joining a multi-process run (`jax.distributed`, gloo on CPU) from flags or the environment,
+before any JAX work, and starting `distributed_failure`'s watchdog; without a coordinator
+address or `--distributed` the run is single-process.
 """
 import os
 
@@ -17,6 +14,7 @@ from simplified_flax.runs import supervisor
 # JAX's own verdict on a silent process: the backstop behind distributed_failure's watchdog,
 # which ends the survivors sooner and with one line (README, "Errors and exit statuses").
 HEARTBEAT_TIMEOUT_S = 25
+
 
 def define_distributed_flags() -> None:
   """absl flags of `initialize_distributed` (call once, before `app.run`)."""
@@ -33,13 +31,9 @@ def define_distributed_flags() -> None:
 def initialize_distributed(coordinator_address: str | None = None,
                            num_processes: int | None = None, process_id: int | None = None,
                            auto: bool = False) -> bool:
-  """Joins a multi-process run; returns whether one was joined. Call before any JAX work.
-
-  Arguments left None fall back to the environment (JAX_COORDINATOR_ADDRESS,
-  JAX_NUM_PROCESSES, JAX_PROCESS_ID), then to JAX's cluster auto-detection. With none of
-  them and `auto=False` this is a single-process run and nothing happens. CPU processes
-  exchange collectives through gloo.
-  """
+  """Joins a multi-process run; returns whether one was joined. Arguments left None fall back
+  to JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID, then (`auto`) to JAX's
+  cluster detection."""
   env = os.environ
   coordinator_address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
   if num_processes is None and "JAX_NUM_PROCESSES" in env:

@@ -1,21 +1,13 @@
-"""A lost process of a multi-host run ends every other one within seconds, with one line.
-
-Without this, a survivor waits in a collective until JAX's coordination service gives up,
-then aborts with a C++ stack trace. Here every process keeps a heartbeat in the service's
-key-value store (`HEARTBEAT_EVERY_S`); a watchdog thread that sees a peer silent for
-`LOST_AFTER_S` (or the coordinator itself gone) prints one line naming it and exits 1 at
-once, skipping JAX's shutdown barrier, which would only abort. A collective that fails
-first (gloo on CPU reports the closed connection) is explained the same way by `explain`.
-JAX's own heartbeat timeout (`distributed.HEARTBEAT_TIMEOUT_S`) stays the backstop.
-
-A process that finished its command marks itself done (`mark_done`), so that the others,
-still saving their last checkpoint, never take it for lost.
+"""A lost process of a multi-host run ends every other one within seconds, with one line
+(instead of a wait in a collective and a C++ abort): each process keeps a heartbeat in JAX's
+coordination key-value store, and a watchdog thread that sees a peer silent for
+`LOST_AFTER_S`, or the coordinator gone, prints the line and exits 1 at once. A failed
+collective is explained the same way (`explain`); a finished process marks itself done.
 """
 import os
 import sys
 import threading
 import time
-
 
 HEARTBEAT_EVERY_S = 2.0
 LOST_AFTER_S = 12.0
@@ -48,46 +40,45 @@ def start_watchdog() -> None:
   """Starts this process's heartbeat and watchdog thread (after jax.distributed.initialize)."""
   global _started
   index, count = _process()
-  if count == 1 or _started is not None:
-    return
-  _started = time.time()
-  threading.Thread(target=_watch, args=(index, count), daemon=True,
-                   name="multihost-watchdog").start()
+  if count > 1 and _started is None:
+    _started = time.time()
+    threading.Thread(target=_watch, args=(index, count), daemon=True,
+                     name="multihost-watchdog").start()
 
 
 def mark_done() -> None:
   """Tells the other processes that this one finished and is not lost; stops the watchdog
   (the coordinator going away after the final barrier is no failure)."""
   _done.set()
-  if _started is None:
-    return   # never joined a multi-host run
+  if _started is not None:
+    try:
+      _client().key_value_set(_DONE_KEY.format(_process()[0]), "1", allow_overwrite=True)
+    except Exception:  # pylint: disable=broad-except
+      pass   # the coordinator is already gone: nobody is left to tell
+
+
+def _try_get(client, key: str):
   try:
-    _client().key_value_set(_DONE_KEY.format(_process()[0]), "1", allow_overwrite=True)
-  except Exception:  # pylint: disable=broad-except
-    pass   # the coordinator is already gone: nobody is left to tell
+    return client.key_value_try_get(key)
+  except Exception as e:  # pylint: disable=broad-except
+    return e   # not set yet, or the coordinator is unreachable
 
 
 def lost_processes(index: int, count: int) -> list[str]:
   """The peers that look lost now: silent too long, or the coordinator when it is gone."""
-  client = _client()
-  lost, now = [], time.time()
-  for peer in range(count):
-    if peer == index:
-      continue
-    try:
-      if client.key_value_try_get(_DONE_KEY.format(peer)):
-        continue
-    except Exception:  # pylint: disable=broad-except
-      pass   # not done (the key does not exist yet)
-    try:
-      last = float(client.key_value_try_get(_KEY.format(peer)))
-    except Exception as e:  # pylint: disable=broad-except
-      if any(text in str(e) for text in ("UNAVAILABLE", "Connection", "CANCELLED")):
-        return [f"process 0 (the coordinator, {os.environ.get('JAX_COORDINATOR_ADDRESS', '')}"
-                .rstrip(", ") + ")"]
+  client, now = _client(), time.time()
+  lost = []
+  for peer in (p for p in range(count) if p != index):
+    if not isinstance(_try_get(client, _DONE_KEY.format(peer)), Exception):
+      continue   # done
+    last = _try_get(client, _KEY.format(peer))
+    if isinstance(last, Exception):
+      if any(text in str(last) for text in ("UNAVAILABLE", "Connection", "CANCELLED")):
+        address = os.environ.get("JAX_COORDINATOR_ADDRESS", "")
+        return [f"process 0 (the coordinator{', ' + address if address else ''})"]
       last = _started   # no heartbeat yet: count from when this process started watching
-    if now - last > LOST_AFTER_S:
-      lost.append(f"process {peer} (silent for {now - last:.0f} s)")
+    if now - float(last) > LOST_AFTER_S:
+      lost.append(f"process {peer} (silent for {now - float(last):.0f} s)")
   return lost
 
 
@@ -111,12 +102,10 @@ def message(index: int, count: int, lost: list[str]) -> str:
 
 
 def explain(errors) -> PeerLostError | None:
-  """For an error of a multi-host run that a lost peer caused (`errors`: it, its causes and
-  contexts), the PeerLostError naming the peer (waiting up to LOST_AFTER_S for its silence to
-  show); else None, at once in a single-process run."""
-  if _started is None:
-    return None
-  if not any(any(text in str(e) for text in PEER_LOSS_TEXT) for e in errors):
+  """For an error that a lost peer caused (`errors`: it, its causes and contexts), the
+  PeerLostError naming the peer (waiting up to LOST_AFTER_S for its silence to show); else
+  None, at once in a single-process run."""
+  if _started is None or not any(text in str(e) for e in errors for text in PEER_LOSS_TEXT):
     return None
   index, count = _process()
   deadline = time.time() + LOST_AFTER_S + HEARTBEAT_EVERY_S

@@ -1,81 +1,60 @@
-"""A run's history: metric writers (`metrics.jsonl` + TensorBoard) and the progress line.
-
-`<workdir>/metrics.jsonl` holds one JSON object per logged step, readable by any script:
-
-    {"step": 50, "loss": 3.21, "learning_rate": 0.001, "grad_norm": 0.8,
-     "tokens_per_s": 51200.0, "elapsed_s": 12.5}
-    {"step": 250, "eval_loss": 2.9, "eval_perplexity": 18.2}
-    {"step": 500, "kurtosis/layer_0": 0.4, "attn_entropy/layer_0": 2.1, "gain/h_0/...": 0.9}
-
-(the last kind every `config.diagnostics_every` steps: the signal-propagation diagnostics, per
-layer.)
-
-On resume, rows after the restored step (written by the run that died) are dropped, so the
-file reads as one uninterrupted run. Only process 0 writes. Every file goes through
-`etils.epath`, so the workdir may be `gs://...` (README "Remote workdirs"); neither writer
-needs TensorFlow.
+"""A run's history, written by process 0 through `etils.epath` (the workdir may be gs://):
+`metrics.jsonl` (one JSON object per logged step) and TensorBoard events (`tensorboardX`, no
+TensorFlow). A resume rewrites metrics.jsonl without the rows after the restored step
+(`cut_history`); event files are never rewritten: each run's file starts with a purge step
+that hides what earlier files logged after it. Also the console's progress line.
 """
 import contextlib
 import io
 import json
 import math
-import struct
 import time
 from typing import Any, Mapping
 
-from absl import logging
 from etils import epath
 import jax
+from tensorboardX import record_writer
+from tensorboardX import summary
+from tensorboardX.event_file_writer import EventsWriter
+from tensorboardX.proto.event_pb2 import Event, SessionLog
 
+from simplified_flax.runs.checkpoints import flatten_config
 from simplified_flax.storage import is_remote, write_atomically
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-# Object stores (gs://, s3://) cannot append: a remote metrics.jsonl is rewritten whole, at
-# most this often (and at every flush/close, which the loop calls before each checkpoint).
+# Object stores cannot append: a remote metrics.jsonl is rewritten whole this often at most
+# (and at each flush, which the loop calls before every checkpoint).
 REMOTE_REWRITE_EVERY_S = 30.0
-
-
-class JsonlWriter:
-  """Writes `{"step": step, **scalars}` rows to a JSON-lines file (local: appended and flushed
-  row by row; remote: the whole file rewritten, see REMOTE_REWRITE_EVERY_S)."""
-
-  def __init__(self, path: str):
-    self._path = epath.Path(path)
-    self._path.parent.mkdir(parents=True, exist_ok=True)
-    self._remote = is_remote(path)
-    self._rows = [json.dumps(r) for r in read_history(path)] if self._remote else None
-    self._file = None if self._remote else self._path.open("a")
-    self._last_rewrite = time.time()
-
-  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    row = json.dumps({"step": int(step), **{k: float(v) for k, v in scalars.items()}})
-    if self._remote:
-      self._rows.append(row)
-      if time.time() - self._last_rewrite >= REMOTE_REWRITE_EVERY_S:
-        self.flush()
-    else:
-      self._file.write(row + "\n")
-      self._file.flush()
-
-  def flush(self) -> None:
-    if self._remote:
-      text = "".join(r + "\n" for r in self._rows).encode()
-      write_atomically(self._path, lambda f: f.write(text))
-      self._last_rewrite = time.time()
-    else:
-      self._file.flush()
-
-  def close(self) -> None:
-    self.flush()
-    if self._file is not None:
-      self._file.close()
-
-
 # TensorBoard groups charts by the tag's first segment: the loop's scalars go under train/ and
 # eval/ (metrics.jsonl keeps the flat names); other tags (`kurtosis/layer_0`) are grouped.
 TRAIN_SCALARS = ("loss", "learning_rate", "grad_norm", "tokens_per_s", "elapsed_s")
-CONFIG_TAG = "config"   # the run's config, a text summary at the step it starts from
+CONFIG_TAG = "config"   # the run's config, a text summary at the first step it trains
+
+
+def _jsonl(rows) -> str:
+  return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+class _ObjectStoreFile:
+  """A file in an object store (through epath), which cannot append: kept in memory and
+  rewritten whole at each flush."""
+
+  def __init__(self, path: str):
+    self._path, self._buffer = epath.Path(path), io.BytesIO()
+    self.write = self._buffer.write
+    if self._path.exists():
+      self.write(self._path.read_bytes())
+
+  @classmethod
+  def open(cls, path: str) -> "_ObjectStoreFile":   # tensorboardX's writer-factory interface
+    return cls(path)
+
+  def flush(self) -> None:
+    write_atomically(self._path, lambda f: f.write(self._buffer.getvalue()))
+
+  def close(self) -> None:
+    self.flush()
 
 
 def tensorboard_tag(name: str) -> str:
@@ -87,162 +66,91 @@ def tensorboard_tag(name: str) -> str:
   return name
 
 
-class TensorBoardWriter:
-  """Scalar event files TensorBoard reads, written with `tensorboard`'s protos and record
-  framing (no TensorFlow) to any epath location. A remote event file appears when closed.
-  Tags are grouped (`tensorboard_tag`); `write_config` adds the run's config as text."""
+class MetricsWriter:
+  """A run's history on process 0 (elsewhere it writes nothing). metrics.jsonl rows: locally
+  appended and flushed row by row, remote rewritten whole (REMOTE_REWRITE_EVERY_S). With
+  `tensorboard`, an event file through tensorboardX's synchronous EventsWriter (its
+  SummaryWriter's flush leaves the queue of its thread unwritten) that opens with a purge at
+  `start_step + 1` (a SessionLog START, as SummaryWriter's `purge_step`): TensorBoard hides
+  what earlier files logged from there on, a killed or rewound run's tail. `config_dict` is
+  the text summary `config` at that step; tags are grouped (`tensorboard_tag`)."""
 
-  def __init__(self, logdir: str):
-    # pylint: disable=import-outside-toplevel
-    from tensorboard.compat.proto import event_pb2, summary_pb2
-    from tensorboard.summary.writer.record_writer import RecordWriter
-    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
-    directory = epath.Path(logdir)
-    directory.mkdir(parents=True, exist_ok=True)
-    name = f"events.out.tfevents.{time.time():.6f}.{jax.process_index()}.simplified_flax"
-    self._file = (directory / name).open("wb")
-    self._records = RecordWriter(self._file)
-    self._write(self._event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+  def __init__(self, workdir: str, tensorboard: bool = True, start_step: int = 0,
+               config_dict: dict | None = None):
+    self._rows = self._events = None
+    if jax.process_index() != 0:
+      return
+    logdir = epath.Path(workdir) / TENSORBOARD_DIR
+    logdir.parent.mkdir(parents=True, exist_ok=True)
+    self._remote = is_remote(workdir)
+    path = logdir.parent / METRICS_FILE
+    self._rows = _ObjectStoreFile(path) if self._remote else path.open("ab")
+    self._flushed = time.time()
+    if not tensorboard:
+      return
+    logdir.mkdir(exist_ok=True)
+    if self._remote:   # through epath, as every other file of the workdir
+      record_writer.register_writer_factory(str(logdir).split(":")[0], _ObjectStoreFile)
+    # The suffix keeps two files of one second apart, ordered as TensorBoard reads them.
+    self._events = EventsWriter(f"{logdir}/events", f".{time.time_ns()}")
+    self._event(start_step + 1, session_log=SessionLog(status=SessionLog.START))
+    if config_dict is not None:
+      lines = [f"    {k} = {v!r}" for k, v in sorted(flatten_config(config_dict).items())]
+      self._event(start_step + 1, summary=summary.text(CONFIG_TAG, "\n".join(lines)))
 
-  def _write(self, event) -> None:
-    self._records.write(event.SerializeToString())
-
-  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    values = [self._summary_pb2.Summary.Value(tag=tensorboard_tag(k), simple_value=float(v))
-              for k, v in scalars.items()]
-    self._write(self._event_pb2.Event(wall_time=time.time(), step=int(step),
-                                      summary=self._summary_pb2.Summary(value=values)))
-
-  def write_config(self, step: int, config_dict: Mapping[str, Any]) -> None:
-    """The config as TensorBoard text (a markdown code block of `field = value` lines)."""
-    # pylint: disable=import-outside-toplevel
-    from tensorboard.compat.proto import tensor_pb2, types_pb2
-    lines = [f"{k} = {v!r}" for k, v in sorted(_flat(config_dict).items())]
-    text = "\n".join("    " + line for line in lines).encode()
-    metadata = self._summary_pb2.SummaryMetadata(
-        plugin_data=self._summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
-    value = self._summary_pb2.Summary.Value(
-        tag=CONFIG_TAG, metadata=metadata,
-        tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[text]))
-    self._write(self._event_pb2.Event(wall_time=time.time(), step=int(step),
-                                      summary=self._summary_pb2.Summary(value=[value])))
-
-  def flush(self) -> None:
-    self._file.flush()
-
-  def close(self) -> None:
-    self._file.close()
-
-
-class MultiWriter:
-  """Forwards every call to each of `writers` (none: a no-op writer, as on processes > 0)."""
-
-  def __init__(self, writers):
-    self._writers = list(writers)
+  def _event(self, step: int, **what) -> None:
+    self._events.write_event(Event(wall_time=time.time(), step=int(step), **what))
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    for w in self._writers:
-      w.write_scalars(step, scalars)
-
-  def write_config(self, step: int, config_dict: Mapping[str, Any]) -> None:
-    for w in (w for w in self._writers if hasattr(w, "write_config")):
-      w.write_config(step, config_dict)
+    if self._rows is None:
+      return
+    row = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
+    self._rows.write(_jsonl([row]).encode())
+    if not self._remote or time.time() - self._flushed >= REMOTE_REWRITE_EVERY_S:
+      self._rows.flush()
+      self._flushed = time.time()
+    if self._events is not None:
+      for name, value in scalars.items():
+        self._event(step, summary=summary.scalar(tensorboard_tag(name), float(value)))
 
   def flush(self) -> None:
-    for w in self._writers:
-      w.flush()
+    for file in (self._rows, self._events):
+      if file is not None:
+        file.flush()
 
   def close(self) -> None:
-    for w in self._writers:
-      w.close()
-
-
-def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-  """{"model": {"n_layer": 2}} -> {"model.n_layer": 2}."""
-  return {key: leaf for k, v in d.items() for key, leaf in (
-      _flat(v, f"{prefix}{k}.").items() if isinstance(v, Mapping) else [(f"{prefix}{k}", v)])}
+    for file in (self._rows, self._events):
+      if file is not None:
+        file.close()
 
 
 def read_history(path: str) -> list[dict]:
   """The rows of a metrics.jsonl file (a torn last line, from a killed run, is skipped)."""
   rows = []
-  path = epath.Path(path)
-  if path.exists():
-    for line in path.read_text().splitlines():
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue
+  for line in epath.Path(path).read_text().splitlines() if epath.Path(path).exists() else []:
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
   return rows
 
 
-def truncate_history(workdir: str, last_step: int) -> None:
-  """Drops what a killed or rewound run logged after `last_step` (rows of metrics.jsonl, the
-  TensorBoard summaries; each file replaced whole, torn tails dropped). No TensorFlow."""
-  path = epath.Path(workdir) / METRICS_FILE
+def cut_history(workdir: str, step: int, aside: epath.Path | None = None) -> None:
+  """Rewrites metrics.jsonl without the rows after `step` (or a torn line), in one pass. With
+  `aside` (a rewind's folder), those rows move to `aside/metrics.jsonl` and the TensorBoard
+  event files are copied to `aside/tensorboard/`, so the run rewound past stays viewable."""
+  workdir = epath.Path(workdir)
+  path = workdir / METRICS_FILE
+  rows = read_history(path)
+  later = [r for r in rows if r.get("step", 0) > step]
+  if aside is not None and later:
+    (aside / TENSORBOARD_DIR).mkdir(parents=True, exist_ok=True)
+    (aside / METRICS_FILE).write_text(_jsonl(later))
+    for events in (workdir / TENSORBOARD_DIR).glob("events.out.tfevents.*"):
+      events.copy(aside / TENSORBOARD_DIR / events.name)
   if path.exists():
-    text = "".join(json.dumps(r) + "\n" for r in read_history(path)
-                   if r.get("step", 0) <= last_step).encode()
+    text = _jsonl(r for r in rows if r.get("step", 0) <= step).encode()
     write_atomically(path, lambda f: f.write(text))
-  tensorboard = epath.Path(workdir) / TENSORBOARD_DIR
-  if not tensorboard.exists():
-    return
-  # pylint: disable=import-outside-toplevel
-  from tensorboard.compat.proto import event_pb2
-  from tensorboard.summary.writer.record_writer import RecordWriter
-  for events in tensorboard.glob("events.out.tfevents.*"):
-    records, torn = read_records(events.read_bytes())
-    kept = [r for r in records if not _summary_after(event_pb2.Event.FromString(r), last_step)]
-    if len(kept) < len(records) or torn:
-      buffer = io.BytesIO()
-      writer = RecordWriter(buffer)
-      for record in kept:
-        writer.write(record)
-      write_atomically(events, lambda f: f.write(buffer.getvalue()))
-
-
-def read_records(data: bytes) -> tuple[list[bytes], bool]:
-  """(the records in a TFRecord file's bytes, whether a torn or corrupt record ends it).
-
-  A record is <u64 length><u32 masked crc32c of the length><data><u32 masked crc32c of the
-  data>; everything from the first bad record on is left out (a killed writer's tail).
-  """
-  # pylint: disable-next=import-outside-toplevel
-  from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
-  records, offset = [], 0
-  while offset + 12 <= len(data):
-    (length,), (length_crc,) = (struct.unpack_from("<Q", data, offset),
-                                struct.unpack_from("<I", data, offset + 8))
-    end = offset + 16 + length
-    if length_crc != masked_crc32c(data[offset:offset + 8]) or end > len(data):
-      break
-    body = data[offset + 12:end - 4]
-    if struct.unpack_from("<I", data, end - 4)[0] != masked_crc32c(body):
-      break
-    records.append(body)
-    offset = end
-  return records, offset < len(data)
-
-
-def _summary_after(event, last_step: int) -> bool:
-  """A summary after `last_step`, or the config at it (the resuming run writes it again)."""
-  if not event.HasField("summary") or event.step < last_step:
-    return False
-  return event.step > last_step or any(v.tag == CONFIG_TAG for v in event.summary.value)
-
-
-def make_writer(workdir: str, tensorboard: bool = True) -> MultiWriter:
-  """metrics.jsonl (+ TensorBoard event files under <workdir>/tensorboard) on process 0."""
-  if jax.process_index() != 0:
-    return MultiWriter([])
-  writers = [JsonlWriter(str(epath.Path(workdir) / METRICS_FILE))]
-  if tensorboard:
-    try:
-      writers.append(TensorBoardWriter(str(epath.Path(workdir) / TENSORBOARD_DIR)))
-    except ImportError as e:
-      logging.warning("No TensorBoard event files (%s); metrics.jsonl is still written. "
-                      "`pip install tensorboard` to get them.", e)
-  return MultiWriter(writers)
 
 
 class Progress:
@@ -266,14 +174,12 @@ class Progress:
       self._last_time += time.time() - start
 
   def restart_clock(self) -> None:
-    """Starts the current interval now: the loop calls it once the first step has been
-    dispatched (jit compiles inside that call), so tokens/s and the ETA never include
-    compilation. The elapsed time still does: it is wall-clock time."""
+    """Starts the interval now: called once the first (compiling) step has been dispatched, so
+    tokens/s and the ETA leave out compilation; the elapsed time is wall-clock time."""
     self._last_time = time.time()
 
   def update(self, step: int) -> dict[str, float]:
-    """{"tokens_per_s", "elapsed_s", "eta_s"} since the previous update (or the start, or
-    `restart_clock`)."""
+    """{"tokens_per_s", "elapsed_s", "eta_s"} since the previous update (or restart)."""
     now = time.time()
     steps_per_s = (step - self._last_step) / max(now - self._last_time, 1e-9)
     self._last_time, self._last_step = now, step
@@ -293,7 +199,6 @@ def format_duration(seconds: float) -> str:
   """4000 -> '1h06m40s'."""
   if not math.isfinite(seconds):
     return "?"
-  seconds = int(seconds)
-  h, rest = divmod(seconds, 3600)
-  m, s = divmod(rest, 60)
+  m, s = divmod(int(seconds), 60)
+  h, m = divmod(m, 60)
   return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"

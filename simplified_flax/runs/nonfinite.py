@@ -1,9 +1,7 @@
-"""The one non-finite-loss check of pre-training and fine-tuning, and the way back it names.
-
-A run stops at the first step whose loss or gradient norm is NaN or infinite, before it
-evaluates or saves past that step. The error names what the user can do next: for
-pre-training, the checkpoint steps still kept and the command that resumes from one of them
-with a lower learning rate (README, "Resuming").
+"""The one non-finite-loss check of pre-training and fine-tuning: a run stops at the first step
+whose loss or gradient norm is NaN or infinite, before it evaluates or saves past it, with an
+error naming what to do next (for pre-training: the kept checkpoint steps and the command that
+rewinds to one with a lower learning rate; README, "Resuming").
 """
 import math
 from typing import Iterable, Mapping, Sequence
@@ -25,16 +23,14 @@ def check_finite(rows: Iterable[tuple[int, Mapping]], *, label: str = "step",
 
 
 def resume_advice(workdir: str, kept_steps: Sequence[int]) -> str:
-  """What to do after a divergence: the kept checkpoint steps and the command to rewind to
-  one with a lower learning rate (steps after it are set aside, not deleted)."""
+  """The kept checkpoint steps and the command that rewinds to one with a lower learning rate
+  (the one before the last: the last may already carry the blow-up in finite weights)."""
   kept = sorted(kept_steps)
   if not kept:
     return (f"No checkpoint is kept in {workdir}: lower --config.optimizer.learning_rate and "
             f"start over with --config.restore_step=0.")
-  # The last kept step may already carry the blow-up (finite but huge weights): suggest the
-  # one before it when there is one.
-  suggested = kept[-2] if len(kept) > 1 else kept[-1]
   return (f"Kept checkpoint steps in {workdir}: {kept}. Rewind to one with a lower learning "
-          f"rate: rerun the same train command with --config.restore_step={suggested} "
+          f"rate: rerun the same train command with --config.restore_step="
+          f"{kept[-2] if len(kept) > 1 else kept[-1]} "
           f"--config.optimizer.learning_rate=<lower> (later steps are moved to "
           f"{workdir}/set_aside/, not deleted).")

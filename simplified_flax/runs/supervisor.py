@@ -1,15 +1,7 @@
-"""A process of a multi-host run works under a small parent, so that losing process 0 is one
-line too.
-
-Process 0 hosts JAX's coordination service. When it dies, JAX's client in every other process
-ends that process at once with a C++ report (`F... Terminating process because the JAX
-distributed service detected fatal errors`, a stack trace and Python's fault dump); this jaxlib
-offers no callback a Python program could put in its place. So the train command, when it
-joins a multi-process run, starts itself again as a child and only watches it: stdout is the
-child's own, stderr is relayed line by line, SIGTERM and SIGINT are passed on, and the child
-gets SIGKILL when the parent dies (Linux), so killing either is killing the process. When the
-child ends with that report, the parent prints one line naming the lost process and exits 1;
-any other report is relayed unchanged and the child's status is the parent's.
+"""In a multi-host run the train command runs itself as a watched child, so that losing
+process 0 is one line too: JAX ends the other processes with a C++ report that no Python
+callback can replace, and the parent turns that report into distributed_failure's line (other
+output is relayed; signals are passed on; the child dies with the parent). Free of JAX.
 """
 import ctypes
 import os
@@ -28,8 +20,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 def is_multihost(coordinator_address, num_processes, auto: bool, environ) -> bool:
-  """The rule by which `distributed.initialize_distributed` joins a multi-process run (kept
-  here, free of JAX, because the supervisor decides before JAX is imported)."""
+  """Whether `distributed.initialize_distributed` joins a multi-process run (here, free of
+  JAX: the supervisor decides before JAX is imported)."""
   return bool(auto or coordinator_address or num_processes is not None
               or environ.get("JAX_COORDINATOR_ADDRESS") or "JAX_NUM_PROCESSES" in environ)
 
@@ -71,8 +63,7 @@ def _die_with_parent() -> None:
 
 
 def _relay_until_fatal(stderr) -> bytes:
-  """Copies `stderr` to ours line by line until an absl FATAL record; returns that record and
-  everything after it (empty if none came)."""
+  """Relays `stderr` line by line up to an absl FATAL record; returns the rest (or b"")."""
   held = []
   for line in iter(stderr.readline, b""):
     if held or _FATAL_LINE.match(line):
@@ -84,15 +75,13 @@ def _relay_until_fatal(stderr) -> bytes:
 
 
 def _lost_message(report: bytes, argv, environ) -> str:
-  """distributed_failure's line for the process JAX's report blames: a task it names, or the
-  coordinator when the service itself could not be reached."""
+  """distributed_failure's line for the process JAX's report blames (a task, or the
+  coordinator when the service could not be reached)."""
   def setting(flag, env):
-    value = cli.flag_value(argv, flag) or environ.get(env)
-    return int(value) if value is not None and value.isdigit() else None
+    value = cli.flag_value(argv, flag) or environ.get(env) or ""
+    return int(value) if value.isdigit() else "?"
   index = setting("process_id", "JAX_PROCESS_ID")
-  count = setting("num_processes", "JAX_NUM_PROCESSES")
   tasks = sorted({int(t) for t in re.findall(rb"/task:(\d+)", report)} - {index})
   lost = ([f"process {t}" for t in tasks] if tasks else
           ["process 0 (the coordinator)" if b"UNAVAILABLE" in report else "another process"])
-  return distributed_failure.message(
-      "?" if index is None else index, "?" if count is None else count, lost)
+  return distributed_failure.message(index, setting("num_processes", "JAX_NUM_PROCESSES"), lost)

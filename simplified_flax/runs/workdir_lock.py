@@ -1,16 +1,8 @@
-"""One training run per workdir: `<workdir>/lock.json` names the holder, a thread keeps
-`<workdir>/lock.heartbeat` fresh.
-
-A second run on a workdir that a live run holds raises `WorkdirLockedError` naming the holder
-(host, pid, start time) before it reads or writes anything else there. A lock whose holder is
-dead is taken over with a warning: on the same host when its pid is gone, on any host when
-its heartbeat is older than `stale_after_s`. All file access goes through `etils.epath`, so
-the lock works on the remote filesystems (`gs://...`) a workdir may live on; local paths are
-created with O_EXCL, remote ones are written and read back (the last writer wins the race,
-and the loser sees the winner's lock). In a multi-host run process 0 holds the lock for the
-run and tells the others whether it got it.
-
-Evaluating, sampling and fine-tuning only read a workdir and take no lock.
+"""One training run per workdir: `lock.json` names the holder (host, pid, start time) and a
+thread keeps `lock.heartbeat` fresh. A second run is refused naming the holder before it
+touches anything; a dead holder's lock (same host: pid gone; any host: heartbeat older than
+`stale_after_s`) is taken over with a warning. Through `etils.epath`, so gs:// workdirs lock
+too; in a multi-host run process 0 holds the lock. Readers (evaluate, sample) take none.
 """
 import contextlib
 import dataclasses
@@ -23,6 +15,9 @@ import uuid
 
 from absl import logging
 from etils import epath
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
 
 from simplified_flax.storage import is_remote, write_atomically
 
@@ -57,37 +52,29 @@ def _read_holder(path: epath.Path) -> Holder | None:
     return Holder(host="?", pid=-1, started=0.0, token="unreadable")   # half-written
 
 
-def _last_heartbeat(workdir: epath.Path, holder: Holder) -> float:
-  try:
-    return float(json.loads((workdir / HEARTBEAT_FILE).read_text())["time"])
-  except FileNotFoundError:
-    return holder.started
-  except (ValueError, KeyError, TypeError):
-    return time.time()   # caught mid-write: the holder is beating right now
-
-
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True    # someone else's live process
-  return True
-
-
 def why_dead(workdir: epath.Path, holder: Holder, stale_after_s: float) -> str | None:
   """Why `holder` is dead, or None when it may be alive."""
-  if holder.host == socket.gethostname() and holder.pid > 0 and not _pid_alive(holder.pid):
-    return f"its pid {holder.pid} is gone"
-  silent_s = time.time() - _last_heartbeat(workdir, holder)
-  if silent_s > stale_after_s:
-    return f"its heartbeat is {silent_s:.0f} s old (timeout {stale_after_s:.0f} s)"
+  if holder.host == socket.gethostname() and holder.pid > 0:
+    try:
+      os.kill(holder.pid, 0)
+    except ProcessLookupError:
+      return f"its pid {holder.pid} is gone"
+    except PermissionError:
+      pass   # someone else's live process
+  try:
+    last = float(json.loads((workdir / HEARTBEAT_FILE).read_text())["time"])
+  except FileNotFoundError:
+    last = holder.started
+  except (ValueError, KeyError, TypeError):
+    last = time.time()   # caught mid-write: the holder is beating right now
+  if time.time() - last > stale_after_s:
+    return f"its heartbeat is {time.time() - last:.0f} s old (timeout {stale_after_s:.0f} s)"
   return None
 
 
 def _create(path: epath.Path, text: str) -> bool:
-  """Creates `path` holding `text` unless it exists; True when this call created it."""
+  """Creates `path` holding `text` unless it exists (remote: the last writer wins); True when
+  this call created it."""
   if not is_remote(path):
     try:
       fd = os.open(os.fspath(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -96,10 +83,9 @@ def _create(path: epath.Path, text: str) -> bool:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
       f.write(text)
     return True
-  if path.exists():
-    return False
-  path.write_text(text)
-  time.sleep(1.0)          # let a racing writer's object land, then see who won
+  if not path.exists():
+    path.write_text(text)
+    time.sleep(1.0)          # let a racing writer's object land, then see who won
   return path.exists() and path.read_text() == text
 
 
@@ -121,7 +107,8 @@ class WorkdirLock:
     self.heartbeat_every_s, self.stale_after_s = heartbeat_every_s, stale_after_s
     self.holder = Holder(socket.gethostname(), os.getpid(), time.time(), uuid.uuid4().hex)
     self._stop = threading.Event()
-    self._thread: threading.Thread | None = None
+    self._thread = threading.Thread(target=self._beat_loop, daemon=True,
+                                    name="workdir-lock-heartbeat")
 
   def acquire(self) -> None:
     """Takes the lock (over a dead holder, with a warning) or raises WorkdirLockedError."""
@@ -129,29 +116,24 @@ class WorkdirLock:
     for _ in range(3):   # a takeover can race with another starter: look again
       if _create(lock, json.dumps(dataclasses.asdict(self.holder))):
         self._beat()
-        self._thread = threading.Thread(target=self._beat_loop, daemon=True,
-                                        name="workdir-lock-heartbeat")
         self._thread.start()
         _held.add(self)
         return
       current = _read_holder(lock)
-      if current is None:
-        continue   # released in between
-      dead = why_dead(self.workdir, current, self.stale_after_s)
-      if dead is None:
+      dead = current and why_dead(self.workdir, current, self.stale_after_s)
+      if current and not dead:
         raise WorkdirLockedError(
             f"{self.workdir} is in use by another training run ({current.describe()}); "
             f"nothing was changed. Wait for it to finish, stop it, or use another --workdir "
             f"(a dead holder's lock is taken over automatically).")
-      logging.warning("Taking over the lock of %s from a dead run (%s: %s).", self.workdir,
-                      current.describe(), dead)
-      print(f"Warning: taking over {lock} from a dead run ({current.describe()}): {dead}.",
-            flush=True)
-      try:   # the renamed file is the proof that this process, not a racer, set it aside
-        lock.rename(self.workdir / f"{LOCK_FILE}.dead-{self.holder.token}")
-        (self.workdir / f"{LOCK_FILE}.dead-{self.holder.token}").unlink(missing_ok=True)
-      except FileNotFoundError:
-        continue
+      if dead:   # on the console: the takeover is the user's business
+        print(f"Warning: taking over {lock} from a dead run ({current.describe()}): {dead}.",
+              flush=True)
+        try:   # the renamed file proves that this process, not a racer, set it aside
+          lock.rename(self.workdir / f"{LOCK_FILE}.dead-{self.holder.token}")
+          (self.workdir / f"{LOCK_FILE}.dead-{self.holder.token}").unlink(missing_ok=True)
+        except FileNotFoundError:
+          pass
     raise WorkdirLockedError(f"Could not lock {self.workdir}: other runs keep starting on it.")
 
   def _beat(self) -> None:
@@ -173,22 +155,18 @@ class WorkdirLock:
     """Stops the heartbeat and removes the lock if this process still holds it."""
     _held.discard(self)
     self._stop.set()
-    if self._thread is not None:
+    if self._thread.is_alive():
       self._thread.join()
-      self._thread = None
-    lock = self.workdir / LOCK_FILE
-    current = _read_holder(lock)
+    current = _read_holder(self.workdir / LOCK_FILE)
     if current is not None and current.token == self.holder.token:
       (self.workdir / HEARTBEAT_FILE).unlink(missing_ok=True)
-      lock.unlink(missing_ok=True)
+      (self.workdir / LOCK_FILE).unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
 def hold(workdir, **kwargs):
   """Holds the workdir lock for the body; in a multi-host run process 0 holds it and every
   process raises WorkdirLockedError when process 0 could not take it."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   lock, error = None, None
   if jax.process_index() == 0:
     lock = WorkdirLock(workdir, **kwargs)
@@ -197,7 +175,6 @@ def hold(workdir, **kwargs):
     except WorkdirLockedError as e:
       lock, error = None, e
   if jax.process_count() > 1:
-    import numpy as np  # pylint: disable=import-outside-toplevel
     failed = multihost_utils.broadcast_one_to_all(np.int32(error is not None))
     if int(failed) and error is None:
       error = WorkdirLockedError(f"Process 0 could not lock {workdir}; see its message.")

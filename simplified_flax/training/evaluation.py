@@ -15,7 +15,6 @@ from simplified_flax.runs import config_checks
 from simplified_flax.training import losses
 from simplified_flax.training.placement import Placement, first_device_target, primary_first
 from simplified_flax.model import quantize
-from simplified_flax.model.parameters import parameter_shapes
 from simplified_flax.training.step import create_train_state, eval_step
 
 
@@ -60,8 +59,8 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
     target = first_device_target(abstract)
   manager = checkpoints.open_read_only(workdir)
   try:
-    restored = checkpoints.restore_latest(manager, target, config.to_dict(), parameter_shapes,
-                                          workdir, set_aside=False, step=step)
+    restored = checkpoints.restore_latest(manager, target, config.to_dict(), workdir,
+                                          read_only=True, step=step)
   finally:
     manager.close()
   if restored is None:

@@ -89,7 +89,6 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
                        config.restore_step)
   for note in start.notes:
     _console(note)
-  resume.cut_history(workdir, start.step)
   _write_config(workdir, config_dict)
   # pmap: one copy per device; jit: already in place.
   state = placement.shard_state(state if start.state is None else start.state)
@@ -97,8 +96,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   # Compiled steps, input feeding, the run's history.
   train_fn, eval_fn, diagnostics_fn = _compile_steps(config, model, placement, abstract_state)
   iterator, feeder = _feed(pipeline, placement, start.data_state, config.data.prefetch)
-  writer = metrics_io.make_writer(workdir, tensorboard)
-  writer.write_config(start.step, config_dict)   # TensorBoard's Text tab
+  writer = metrics_io.MetricsWriter(workdir, tensorboard, start.step, config_dict)
   progress = metrics_io.Progress(total_steps=config.num_train_steps, start_step=start.step,
                                  tokens_per_step=config.batch_size * config.model.context_length,
                                  elapsed_before=start.elapsed_s)
