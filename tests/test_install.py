@@ -77,7 +77,7 @@ def test_the_entry_points_help_names_only_files_that_exist():
   it points to must be there."""
   package = REPO / "simplified_flax"
   files = {p.name for p in REPO.rglob("*.py")} | {
-      str(p.relative_to(package)) for p in package.rglob("*.py")}
+      str(p.relative_to(root)) for root in (package, REPO) for p in root.rglob("*.py")}
   for cli in ("train", "evaluate", "sample", "finetune", "prepare", "params", "benchmark"):
     text = (REPO / "simplified_flax" / f"{cli}.py").read_text().split('"""')[1]
     for name in re.findall(r"[\w/]+\.py\b", text):
