@@ -10,12 +10,12 @@ import pytest
 
 from configs import base
 from simplified_flax.data import build_pipeline
-from simplified_flax.data import pipeline as pipeline_lib
+from simplified_flax.data import pipeline
 from simplified_flax.data import preparation
 from simplified_flax.data import shards
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.index_shuffle import IndexShuffle
-from simplified_flax.data.local_corpus import LocalCorpus
+from simplified_flax.data.corpus import LocalCorpus
 from simplified_flax.data.prefetch import Prefetcher
 from simplified_flax.data.tokenizers import ByteTokenizer
 
@@ -152,7 +152,7 @@ def _config(tmp_path, **data):
 
 def test_a_large_unprepared_split_asks_for_the_prepare_command(corpus, tmp_path, monkeypatch):
   del corpus  # writes docs.jsonl
-  monkeypatch.setattr(pipeline_lib, "PREPARE_IN_PROCESS_BYTES", 100)
+  monkeypatch.setattr(pipeline, "PREPARE_IN_PROCESS_BYTES", 100)
   monkeypatch.setattr(sys, "argv", ["train.py", "--config=configs/sas.py:cpu", "--workdir=w"])
   with pytest.raises(DataError, match=r"is not prepared in .*shards.*  python -m "
                      r"simplified_flax\.prepare --config=configs/sas\.py:cpu$"):
@@ -168,20 +168,19 @@ def test_training_reads_the_shards_of_the_prepare_command(corpus, tmp_path, monk
   def must_not_run(*args, **kwargs):
     raise AssertionError("prepared again")
 
-  monkeypatch.setattr(preparation, "prepare_split", must_not_run)
-  pipeline = build_pipeline(_config(tmp_path, shard_docs=100), process_index=0,
-                            process_count=1)
-  batch = next(pipeline.train_iterator())
+  monkeypatch.setattr(preparation, "_tokenize_shard", must_not_run)
+  built = build_pipeline(_config(tmp_path, shard_docs=100), process_index=0, process_count=1)
+  batch = next(built.train_iterator())
   assert batch["inputs"].shape == (4, 8)
   texts = [json.loads(line)["text"] for line in (tmp_path / "docs.jsonl").read_text().split("\n")
            if line]
   for row in batch["inputs"]:  # every window is a piece of one document
-    assert any(pipeline.tokenizer.decode(row) in text for text in texts)
+    assert any(built.tokenizer.decode(row) in text for text in texts)
 
 
 def test_the_data_package_imports_without_tensorflow():
   code = ("import sys, simplified_flax.data, simplified_flax.data.preparation, "
-          "simplified_flax.data.local_corpus, simplified_flax.prepare; "
+          "simplified_flax.data.corpus, simplified_flax.prepare; "
           "bad = [m for m in ('tensorflow', 'tensorflow_datasets') if m in sys.modules]; "
           "assert not bad, bad")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -4,11 +4,11 @@
     for item in feeder: ...        # transform(x) for every x of source, in order
     feeder.close()                 # safe at any time, more than once, from the consumer
 
-The thread calls `next(source)` and `transform` (so host work such as gathering rows or
-copying to devices overlaps the training step); errors, StopIteration included, are handed
-to the consumer in order and end the thread. The training loop should stack no second thread
-on top: pass its device placement as `transform` here instead. depth=0 starts no thread: each
-`next` makes its item in the consumer's thread, with the same items, errors and end.
+The thread calls `next(source)` and `transform`, so host work (gathering rows, copying to
+devices) overlaps the training step; pass device placement as `transform` rather than
+stacking a second thread. Errors, StopIteration included, reach the consumer in order and end
+the thread. depth=0 starts no thread: each `next` makes its item in the consumer's thread,
+with the same items, errors and end.
 """
 import queue
 import threading
@@ -18,13 +18,13 @@ _END = object()
 
 
 class Prefetcher:
-  """Iterates `transform(x)` for `x` of `source`, up to `depth` items ahead (see module doc)."""
+  """Iterates `transform(x)` for `x` of `source`, up to `depth` items ahead."""
 
   def __init__(self, source: Iterator[Any], transform: Callable[[Any], Any] | None = None,
                depth: int = 2):
     if depth < 0:
       raise ValueError(f"Prefetch depth is {depth}; use 0 (no thread) or more.")
-    self._source, self._transform = iter(source), transform
+    self._source, self._transform = iter(source), transform or (lambda x: x)
     self._items: queue.Queue = queue.Queue(maxsize=depth)   # depth 0: unbounded, holds one
     self._stop = threading.Event()
     self._finished = False
@@ -46,8 +46,7 @@ class Prefetcher:
   def _step(self) -> bool:
     """Queues the next item, or the end or the error (then returns False: nothing follows)."""
     try:
-      x = next(self._source)
-      return self._put(self._transform(x) if self._transform is not None else x)
+      return self._put(self._transform(next(self._source)))
     except StopIteration:
       self._put(_END)
     except BaseException as e:  # pylint: disable=broad-except  (re-raised in the consumer)
@@ -67,12 +66,9 @@ class Prefetcher:
     if self._thread is None:
       self._step()
     item = self._items.get()
-    if item is _END:
+    if item is _END or isinstance(item, BaseException):
       self._finished = True
-      raise StopIteration
-    if isinstance(item, BaseException):
-      self._finished = True
-      raise item
+      raise StopIteration if item is _END else item
     return item
 
   def close(self) -> None:

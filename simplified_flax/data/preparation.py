@@ -1,4 +1,4 @@
-"""Tokenize a split once into shards (see `shards.py`): worker processes, progress, resume.
+"""Tokenize a split once into shards (`shards.py`): worker processes, progress, resume.
 
     prepared = prepare_split(corpus, "train", tokenizer, root, shard_docs=50_000, workers=4)
 
@@ -10,10 +10,11 @@ A killed run keeps its finished shards: the next run starts reading at the first
 import concurrent.futures
 import itertools
 import multiprocessing
+import shlex
 import sys
 import time
-from typing import Iterable, Iterator
 
+from absl import logging
 from etils import epath
 
 from simplified_flax.data import sequences
@@ -25,16 +26,10 @@ from simplified_flax.data.tokenizers import Tokenizer
 
 def _tokenize_shard(directory: str, index: int, texts: list[str], tokenizer: Tokenizer) -> int:
   """Worker: writes shard `index`; returns its token count."""
-  split = sequences.join_flat(*tokenizer.encode_flat(texts), tokenizer.eod_id,
-                              tokenizer.vocab_size)
+  split = sequences.join_documents(*tokenizer.encode_flat(texts), tokenizer.eod_id,
+                                   tokenizer.vocab_size)
   shards.write_shard(epath.Path(directory), index, split)
   return len(split.tokens_N)
-
-
-def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
-  iterator = iter(texts)
-  while chunk := list(itertools.islice(iterator, size)):
-    yield chunk
 
 
 class _Progress:
@@ -60,40 +55,54 @@ class _Progress:
       eta = time.strftime("%H:%M:%S", time.gmtime(left / rate)) if rate > 0 else "?"
       line += f" of {self._total:,} ({100 * self.docs / self._total:.0f}%), ETA {eta}"
     line += f", {rate:,.0f} docs/s, {self.tokens:,} tokens this run"
-    end = "\n" if final or not sys.stderr.isatty() else ""
-    print(("\r" if sys.stderr.isatty() else "") + line, end=end, file=sys.stderr, flush=True)
+    tty = sys.stderr.isatty()
+    print(("\r" if tty else "") + line, end="\n" if final or not tty else "", file=sys.stderr,
+          flush=True)
+
+
+def prepare_command() -> str:
+  """The prepare command for this run's config (its --config flags, when started with any)."""
+  flags = [a for a in sys.argv[1:] if a.startswith("--config")]
+  return shlex.join(["python", "-m", "simplified_flax.prepare",
+                     *(flags or ["--config=configs/<your variant>.py"])])
 
 
 def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_docs: int,
-                  workers: int = 1) -> PreparedSplit:
-  """The prepared `split` at `root`, tokenized now where shards are missing (see module doc).
-
-  workers <= 1 tokenizes in this process; more starts that many worker processes.
-  """
+                  workers: int = 1, max_bytes: int | None = None) -> PreparedSplit:
+  """The prepared `split` at `root`, tokenized now where shards are missing (see module doc)
+  by `workers` processes (<= 1: this one). A split of more than `max_bytes` on disk is an
+  error that prints the prepare command instead."""
   if shard_docs < 1:
     raise DataError(f"data.shard_docs is {shard_docs}; it must be at least 1.")
   address = Address(corpus.identity, split, tokenizer.fingerprint, shard_docs)
+  directory = address.directory(root)
   prepared = PreparedSplit.open(root, address)
   if prepared is not None:
+    logging.info("Reading prepared %s/%s from %s.", corpus.identity, split, directory)
     return prepared
-  directory = address.directory(root)
+  size = corpus.split_num_bytes(split) if max_bytes is not None else None
+  if size is not None and size > max_bytes:
+    raise DataError(f"The split '{split}' of '{corpus.identity}' ({size / 2**30:.1f} GiB) is not "
+                    f"prepared in '{root}'. Tokenize it once, with worker processes (resumable):"
+                    f"  {prepare_command()}")
+  logging.info("Preparing %s/%s in %s (once).", corpus.identity, split, root)
   done = shards.finished_shards(directory)
   progress = _Progress(f"{corpus.identity} {split}", corpus.num_documents(split),
                        done * shard_docs)
-  chunks = enumerate(_chunks(corpus.documents(split, start=done * shard_docs), shard_docs),
-                     start=done)
+  texts = corpus.documents(split, start=done * shard_docs)
+  chunks = enumerate(iter(lambda: list(itertools.islice(texts, shard_docs)), []), start=done)
   if workers <= 1:
-    for index, texts in chunks:
-      progress.update(len(texts), _tokenize_shard(str(directory), index, texts, tokenizer))
+    for index, chunk in chunks:
+      progress.update(len(chunk), _tokenize_shard(str(directory), index, chunk, tokenizer))
       done = index + 1
   else:
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
       pending = []  # (index, size, future), at most workers + 1 in flight: bounded memory
-      for index, texts in itertools.chain(chunks, [(None, None)]):
+      for index, chunk in itertools.chain(chunks, [(None, None)]):
         if index is not None:
-          pending.append((index, len(texts),
-                          pool.submit(_tokenize_shard, str(directory), index, texts, tokenizer)))
+          pending.append((index, len(chunk),
+                          pool.submit(_tokenize_shard, str(directory), index, chunk, tokenizer)))
         while pending and (index is None or len(pending) > workers):
           finished_index, size, future = pending.pop(0)
           progress.update(size, future.result())

@@ -10,13 +10,11 @@ root (`data.cache_dir`, local or remote such as gs://, read and written through 
         manifest.json      written last: the address fields and every shard's sizes
 
 `key` hashes (corpus identity, split, tokenizer fingerprint, documents per shard S, format),
-so a changed corpus or tokenizer never reuses old tokens. Each file is written under a
-temporary name and renamed, a shard counts as finished once its docs file exists (written
-after its tokens), and only the manifest makes the split usable: a killed preparation keeps
-its finished shards and never leaves a split that looks complete.
-
-Local shards are memory-mapped; a remote shard's tokens are read whole into memory the first
-time a batch needs one of its rows (its small docs file is read at start-up).
+so a changed corpus or tokenizer never reuses old tokens. Every file is written under a
+temporary name and renamed; a shard is finished once its docs file (written after its
+tokens) exists, and only the manifest makes the split usable: a killed preparation keeps its
+finished shards and never leaves a split that looks complete. Local shards are memory-mapped;
+a remote shard's tokens are read whole the first time a batch needs one of its rows.
 """
 import dataclasses
 import functools
@@ -50,18 +48,15 @@ class Address:
 
   def directory(self, root: str) -> epath.Path:
     key = hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
-    return epath.Path(root) / f"{_slug(self.identity)}.{_slug(self.split)}.{key}"
-
-
-def _slug(text: str) -> str:
-  return re.sub(r"[^\w.-]+", "_", text).strip("_") or "_"
+    slugs = [re.sub(r"[^\w.-]+", "_", s).strip("_") or "_" for s in (self.identity, self.split)]
+    return epath.Path(root) / f"{slugs[0]}.{slugs[1]}.{key}"
 
 
 def _shard_paths(directory: epath.Path, index: int) -> tuple[epath.Path, epath.Path]:
   return directory / f"tokens-{index:05d}.npy", directory / f"docs-{index:05d}.npy"
 
 
-def _load(path: epath.Path, mmap: bool) -> np.ndarray:
+def _load(path: epath.Path, mmap: bool = False) -> np.ndarray:
   if mmap and not is_remote(path):
     return np.load(os.fspath(path), mmap_mode="r")
   return np.load(io.BytesIO(path.read_bytes()))
@@ -85,13 +80,10 @@ def finished_shards(directory: epath.Path) -> int:
 
 def write_manifest(directory: epath.Path, address: Address, num_shards: int) -> None:
   """Records every shard's sizes and makes the split usable."""
-  shard_tokens, shard_docs = [], []
-  for index in range(num_shards):
-    docs = _load(_shard_paths(directory, index)[1], mmap=False)
-    shard_docs.append(len(docs) - 1)
-    shard_tokens.append(int(docs[-1]))
-  manifest = {**address.as_dict(), "num_shards": num_shards, "shard_num_docs": shard_docs,
-              "shard_num_tokens": shard_tokens}
+  docs = [_load(_shard_paths(directory, index)[1]) for index in range(num_shards)]
+  manifest = {**address.as_dict(), "num_shards": num_shards,
+              "shard_num_docs": [len(d) - 1 for d in docs],
+              "shard_num_tokens": [int(d[-1]) for d in docs]}
   write_atomically(directory / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
 
 
@@ -100,7 +92,6 @@ class PreparedSplit:
 
   def __init__(self, directory: epath.Path, manifest: dict):
     self.directory = directory
-    self.manifest = manifest
     self.num_shards: int = manifest["num_shards"]
     self.shard_num_tokens = np.asarray(manifest["shard_num_tokens"], np.int64)
     self.num_docs = int(sum(manifest["shard_num_docs"]))
@@ -122,22 +113,21 @@ class PreparedSplit:
                       f"address. Delete '{directory}' and prepare the split again.")
     return cls(directory, manifest)
 
-  def doc_starts(self, index: int) -> np.ndarray:
-    """int64[D_i + 1] of shard `index` (small: read without its tokens)."""
-    return self.shard(index).doc_starts_D1 if not is_remote(self.directory) else self._docs(index)
-
-  @functools.lru_cache(maxsize=None)
-  def _docs(self, index: int) -> np.ndarray:
-    return _load(_shard_paths(self.directory, index)[1], mmap=False)
-
-  @functools.lru_cache(maxsize=None)
-  def shard(self, index: int) -> TokenizedSplit:
-    tokens_path = _shard_paths(self.directory, index)[0]
+  def _read(self, index: int, tokens: bool) -> np.ndarray:
     try:
-      split = TokenizedSplit(_load(tokens_path, mmap=True), self._docs(index))
+      return _load(_shard_paths(self.directory, index)[0 if tokens else 1], mmap=tokens)
     except (OSError, ValueError) as e:
       raise DataError(f"Shard {index} of '{self.directory}' cannot be read ({e}). Delete the "
                       "directory and prepare the split again.") from None
+
+  @functools.lru_cache(maxsize=None)
+  def doc_starts(self, index: int) -> np.ndarray:
+    """int64[D_i + 1] of shard `index`, read without its tokens."""
+    return self._read(index, tokens=False)
+
+  @functools.lru_cache(maxsize=None)
+  def shard(self, index: int) -> TokenizedSplit:
+    split = TokenizedSplit(self._read(index, tokens=True), self.doc_starts(index))
     if len(split.tokens_N) != self.shard_num_tokens[index]:
       raise DataError(f"Shard {index} of '{self.directory}' has {len(split.tokens_N)} tokens, "
                       f"its manifest {self.shard_num_tokens[index]}. Delete the directory and "
