@@ -104,15 +104,15 @@ def test_missing_root_is_an_error(tmp_path):
 
 def test_root_without_python_files_is_an_error(tmp_path):
   (tmp_path / "readme.txt").write_text("hello")
-  with pytest.raises(DataError, match=rf"no \*\.py file under '{tmp_path}'"):
+  with pytest.raises(DataError, match=rf"no usable \*\.py file under '{tmp_path}' \(0 found"):
     local_files.python_documents([str(tmp_path)])
 
 
 def test_root_with_only_unusable_files_is_an_error(tmp_path):
   (tmp_path / "a.py").write_bytes(b"x = '\xff\xfe'\n")
   (tmp_path / "b.py").write_text("")
-  with pytest.raises(DataError, match=rf"none of the 2 \*\.py files under '{tmp_path}' is "
-                     r"usable \(1 not UTF-8, 1 empty\)"):
+  with pytest.raises(DataError, match=rf"no usable \*\.py file under '{tmp_path}' \(2 found "
+                     r".*; 1 not UTF-8, 1 empty\)"):
     local_files.python_documents([str(tmp_path)])
 
 

@@ -7,13 +7,10 @@ windows or packed rows, MLM, the checkpointable iterator (README, "Data").
     state = it.get_state()      # JSON; the same on every process; it.set_state(state) resumes
     for batch in pipeline.eval_batches(config.eval_steps): ...   # the same every call and seed
 
-Batches (T = config.model.context_length; "segment_ids" with data.packing):
-  decoder: {"inputs": int32[b, T], "segment_ids": int32[b, T]}
-  encoder: {"inputs": int32[b, T] masked, "targets": int32[b, T], "weights": float32[b, T]
-            (1.0 at the scored masked positions), "key_mask": bool[b, T] (True = real token),
-            "segment_ids": int32[b, T]}
-segment_ids number documents 1, 2, ... within a row and are 0 on padding. Importing this
-package loads no TensorFlow.
+decoder batch: {"inputs": int32[b, T]}; encoder batch: {"inputs": int32[b, T] masked,
+"targets": int32[b, T], "weights": float32[b, T] (1.0 where scored), "key_mask": bool[b, T]
+(True = real token)}; with data.packing both add "segment_ids": int32[b, T] (documents
+1, 2, ... within a row, 0 on padding). Importing this package loads no TensorFlow.
 """
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.iterator import CheckpointableIterator

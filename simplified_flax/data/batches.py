@@ -1,13 +1,11 @@
 """Batches of a prepared split: pure functions of (seed, batch index).
 
-The global training stream: epoch e visits every row once in the order of a bijection
-`perm_e` of the R row ids seeded by (seed, e) (`index_shuffle.py`: a global shuffle across all
-shards, computed per index, never materialised); global batch k holds rows
-perm_e(j*B .. (j+1)*B - 1) with e, j = divmod(k, R // B) (the R mod B rows left at an epoch's
-end are skipped that epoch). Process p of P computes and reads only the p-th contiguous slice
-of b = B / P positions of each global batch, so the processes' rows are disjoint, together
-they are the global batch, and the stream does not depend on P. Batch k needs no earlier
-batch: the iterator state is (epoch, position in epoch, seed).
+Epoch e visits the R rows in the order of a bijection perm_e seeded by (seed, e)
+(`index_shuffle.py`: global across shards, never materialised); global batch k holds rows
+perm_e(j*B .. (j+1)*B - 1), e, j = divmod(k, R // B) (an epoch's last R mod B rows are
+skipped). Process p of P reads only the p-th contiguous B / P of them: disjoint, together the
+global batch, the stream independent of P. Batch k needs no earlier batch, so the iterator
+state is (epoch, position in epoch, seed).
 """
 import numpy as np
 

@@ -3,10 +3,9 @@
     order = IndexShuffle(n, key=(seed, tag, epoch))
     order(np.arange(8))          # the first 8 positions of the shuffled order, int64[8]
 
-A balanced Feistel network on the smallest even number of bits that covers n permutes
-[0, 2^bits); cycle walking (apply it again while the value is >= n) restricts it to [0, n).
-m lookups cost O(m) whatever n is (the domain is < 4n, so under 4 walks per index are
-expected): billions of rows are shuffled globally and a resumed run computes batch k directly.
+A balanced Feistel network on the smallest even number of bits covering n permutes
+[0, 2^bits); cycle walking (reapply while the value is >= n) restricts it to [0, n), with
+under 4 walks per index expected. m lookups cost O(m) whatever n is.
 """
 from typing import Sequence
 

@@ -1,13 +1,11 @@
 """The documents of a local corpus: found, validated and split (file-system code only).
 
-`python_code`: every `*.py` file under some roots (default: the interpreter's standard
-library), one document per file. `text_files`: files or globs; a `.jsonl` file holds one
-document per line (a JSON object whose `json_key` field is the text), any other file is one.
-
-A document goes to the validation split when a stable hash of its root-relative name (for a
-JSON line, that hash mixed with the line number) falls in the first VALIDATION_PERCENT of
-buckets, so the split depends on neither the machine, the file order nor the other files.
-Documents are kept per file (`DocGroup`), so a million-line file costs arrays, not objects.
+`python_code`: one document per `*.py` file under some roots (default: the interpreter's
+standard library). `text_files`: one per file, or per line of a `.jsonl` file (the text in its
+`json_key` field). A document goes to validation when a stable hash of its root-relative name
+(for a JSON line, mixed with the line number) falls in the first VALIDATION_PERCENT of
+buckets, so the split depends on nothing else. Documents are kept per file (`DocGroup`): a
+million-line file costs arrays, not objects.
 """
 import dataclasses
 import glob
@@ -27,7 +25,6 @@ VALIDATION_PERCENT = 5
 # Installed third-party packages and caches are not part of a source tree's own code.
 PRUNED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", ".git", ".hg",
                          ".svn", ".tox", ".venv", "node_modules"})
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
 _JSONL_BATCH = 10_000  # lines parsed by one json.loads call
 
 
@@ -105,16 +102,11 @@ def walk_python_files(root: str) -> list[str]:
 
 
 def python_documents(roots: Sequence[str]) -> list[DocGroup]:
-  """The usable `*.py` documents under `roots`, in a stable order. Files that are empty or
-  not UTF-8 (some test fixtures) are skipped and counted; a root that does not exist or holds
-  no usable `*.py` file is an error."""
+  """The usable `*.py` documents under `roots`, in a stable order: empty or non-UTF-8 files are
+  skipped and counted; a root that is missing or holds no usable `*.py` file is an error."""
   docs = []
   for root in roots:
     rel_paths = walk_python_files(root)
-    if not rel_paths:
-      raise DataError(f"data.roots: no *.py file under '{root}' (skipping "
-                      f"{', '.join(sorted(PRUNED_DIRS))}). Point data.roots at a directory of "
-                      "Python source.")
     not_utf8, empty, docs_before = [], 0, len(docs)
     for rel in rel_paths:
       text = read_text(os.path.join(root, rel))
@@ -128,9 +120,9 @@ def python_documents(roots: Sequence[str]) -> list[DocGroup]:
       logging.warning("python_code: under %s skipped %d non-UTF-8 file(s) %s and %d empty file(s).",
                       root, len(not_utf8), not_utf8[:3], empty)
     if len(docs) == docs_before:
-      raise DataError(f"data.roots: none of the {len(rel_paths)} *.py files under '{root}' is "
-                      f"usable ({len(not_utf8)} not UTF-8, {empty} empty). Convert them to "
-                      "UTF-8 or point data.roots elsewhere.")
+      raise DataError(f"data.roots: no usable *.py file under '{root}' ({len(rel_paths)} found "
+                      f"outside {', '.join(sorted(PRUNED_DIRS))}; {len(not_utf8)} not UTF-8, "
+                      f"{empty} empty). Point data.roots at a directory of UTF-8 Python source.")
   return docs
 
 
@@ -161,7 +153,7 @@ def text_documents(files: Sequence[str], json_key: str) -> list[DocGroup]:
   docs = []
   for path in files:
     rel = os.path.relpath(path, base)
-    if path.endswith(JSONL_SUFFIXES):
+    if path.endswith((".jsonl", ".ndjson")):
       lines = tuple(line for line, _ in iter_jsonl(path, json_key))
       if lines:
         docs.append(DocGroup(name=rel, abs_path=path, lines=lines))
@@ -176,8 +168,8 @@ def text_documents(files: Sequence[str], json_key: str) -> list[DocGroup]:
 def _text_or_raise(path: str) -> str:
   text = read_text(path)
   if text is None:
-    raise DataError(f"data.paths: '{path}' is not UTF-8 text. Convert it (e.g. `iconv -t "
-                    "UTF-8`) or leave it out of data.paths.")
+    raise DataError(f"'{path}' is not UTF-8 text. Convert it (e.g. `iconv -t UTF-8`) or leave "
+                    "it out of the corpus.")
   return text
 
 
@@ -218,11 +210,7 @@ def read_documents(groups: Sequence[DocGroup], json_key: str, start: int = 0) ->
       start -= group.num_docs
       continue
     if group.lines is None:
-      text = read_text(group.abs_path)
-      if text is None:
-        raise DataError(f"'{group.abs_path}' stopped being UTF-8 after it was scanned; "
-                        "prepare again.")
-      yield text
+      yield _text_or_raise(group.abs_path)
     else:
       wanted = set(group.lines[start:])
       found = 0

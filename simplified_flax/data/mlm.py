@@ -1,13 +1,10 @@
-"""Masked-language-model batches as in BERT (Devlin et al. 2019, §3.1): select, then replace
-80/10/10.
-
-Every regular token (not padding, eod or another special id) is selected with probability
-`rate`; a selected token becomes [MASK] 80% of the time, a random regular token 10%, and is
-kept 10%. The loss is scored exactly at the selected positions. The draws are made for the
-whole global batch from one seeded generator and then sliced per process, so a batch index
-gives the same masks whatever the number of processes.
+"""Masked-language-model batches as in BERT (Devlin et al. 2019, §3.1): each regular token
+(never padding, eod or another special id) is selected with probability `rate`, then becomes
+[MASK] 80% of the time, a random regular token 10%, itself 10%; the loss is scored exactly at
+the selected positions. The draws are made for the whole global batch and sliced per process,
+so a batch index gives the same masks whatever the number of processes.
 """
-import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -15,8 +12,7 @@ MASK_FRACTION = 0.8     # of selected tokens, replaced by [MASK]
 RANDOM_FRACTION = 0.1   # of selected tokens, replaced by a random regular token (rest: kept)
 
 
-@dataclasses.dataclass(frozen=True)
-class MaskNoise:
+class MaskNoise(NamedTuple):
   """The random draws behind one batch's masks."""
   select_BxT: np.ndarray       # float in [0, 1): selected where < rate
   replace_BxT: np.ndarray      # float in [0, 1): which of the 80/10/10 replacements

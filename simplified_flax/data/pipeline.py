@@ -1,11 +1,9 @@
 """`build_pipeline(config)`: corpus -> tokenizer -> prepared shards -> rows -> batches (usage
-and batch layouts: `simplified_flax.data`; order and resume: `batches.py`).
-
-Both splits are read from prepared token shards (`shards.py`) under `data.cache_dir`. A split
-not prepared yet is prepared here, in this process, when it is small (up to
-PREPARE_IN_PROCESS_BYTES on disk); a larger one is an error that prints the exact
-`python -m simplified_flax.prepare` command (worker processes, survives a kill).
+and batch layouts: `simplified_flax.data`). A split not prepared yet is prepared in this
+process when it is small (up to PREPARE_IN_PROCESS_BYTES on disk); a larger one is an error
+that prints the `python -m simplified_flax.prepare` command (worker processes, resumable).
 """
+import dataclasses
 import itertools
 import os
 from typing import Iterator
@@ -23,25 +21,26 @@ from simplified_flax.data.sequences import ShardedRows
 PREPARE_IN_PROCESS_BYTES = 1 << 30  # a larger unprepared split asks for the prepare command
 
 
+@dataclasses.dataclass(frozen=True)
 class Pipeline:
-  """Batches of one config for one process; see the module docstring."""
-
-  def __init__(self, *, tokenizer: tokenizers.Tokenizer, description: dict, prefetch: int,
-               train: BatchMaker, evals: BatchMaker):
-    self.tokenizer, self.description, self._prefetch = tokenizer, description, prefetch
-    self._train, self._evals = train, evals
+  """Batches of one config for one process."""
+  tokenizer: tokenizers.Tokenizer
+  description: dict  # what the iterator state records and checks on restore
+  prefetch: int
+  train: BatchMaker
+  evals: BatchMaker
 
   def train_iterator(self, prefetch: int | None = None) -> CheckpointableIterator:
     """A fresh iterator at batch 0; `set_state` moves it to a checkpoint's position.
     `prefetch` overrides data.prefetch (0: no thread, for a consumer with its own)."""
     return CheckpointableIterator(
-        lambda k: map(self._train.train_batch, itertools.count(k)), self.description,
-        prefetch=self._prefetch if prefetch is None else prefetch,
-        batches_per_epoch=self._train.batches_per_epoch)
+        lambda k: map(self.train.train_batch, itertools.count(k)), self.description,
+        prefetch=self.prefetch if prefetch is None else prefetch,
+        batches_per_epoch=self.train.batches_per_epoch)
 
   def eval_batches(self, num_batches: int) -> Iterator[dict]:
     """The first `num_batches` eval batches: the same on every call and for every seed."""
-    return map(self._evals.eval_batch, range(num_batches))
+    return map(self.evals.eval_batch, range(num_batches))
 
 
 def shard_root(data_config) -> str:
@@ -62,14 +61,19 @@ def build_pipeline(config, *, workdir: str | None = None, process_index: int | N
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
   data, kind, seq_len = config.data, config.model.kind, config.model.context_length
-  assert kind in ("decoder", "encoder") and 0 < data.mlm_rate < 1, "validate the config first (runs.config_checks)"
+  assert kind in ("decoder", "encoder") and 0 < data.mlm_rate < 1, "an unchecked config"
   if config.batch_size % process_count:
     raise DataError(f"batch_size {config.batch_size} (global) does not divide over "
                     f"{process_count} processes; make it a multiple of {process_count}.")
   source = corpus.open_corpus(data)
   tokenizer = tokenizers.build_tokenizer(data, workdir,
                                          lambda: source.documents(data.train_split))
-  _set_vocab_size(config, tokenizer)
+  if config.model.vocab_size is None:  # the tokenizer decides; a smaller fixed one is an error
+    config.model.vocab_size = tokenizer.vocab_size  # an existing field: allowed when locked
+  elif config.model.vocab_size < tokenizer.vocab_size:
+    raise DataError(f"model.vocab_size is {config.model.vocab_size} but the tokenizer has "
+                    f"{tokenizer.vocab_size} ids; leave model.vocab_size unset (None) to take it "
+                    "from the tokenizer.")
   makers = {}
   for split, needed in ((data.train_split, config.batch_size), (data.eval_split, 1)):
     prepared = preparation.prepare_split(source, split, tokenizer, shard_root(data),
@@ -99,13 +103,3 @@ def build_pipeline(config, *, workdir: str | None = None, process_index: int | N
                evals.source.num_rows)
   return Pipeline(tokenizer=tokenizer, description=description, prefetch=data.prefetch,
                   train=train, evals=evals)
-
-
-def _set_vocab_size(config, tokenizer: tokenizers.Tokenizer) -> None:
-  """The tokenizer decides the vocabulary; a config that fixes a smaller one is an error."""
-  if config.model.vocab_size is None:
-    config.model.vocab_size = tokenizer.vocab_size  # an existing field: allowed when locked
-  elif config.model.vocab_size < tokenizer.vocab_size:
-    raise DataError(f"model.vocab_size is {config.model.vocab_size} but the tokenizer has "
-                    f"{tokenizer.vocab_size} ids; leave model.vocab_size unset (None) to take it "
-                    "from the tokenizer.")

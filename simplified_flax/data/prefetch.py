@@ -2,13 +2,11 @@
 
     feeder = Prefetcher(source, transform=place_on_devices, depth=2)
     for item in feeder: ...        # transform(x) for every x of source, in order
-    feeder.close()                 # safe at any time, more than once, from the consumer
+    feeder.close()                 # safe at any time, more than once
 
-The thread calls `next(source)` and `transform`, so host work (gathering rows, copying to
-devices) overlaps the training step; pass device placement as `transform` rather than
-stacking a second thread. Errors, StopIteration included, reach the consumer in order and end
-the thread. depth=0 starts no thread: each `next` makes its item in the consumer's thread,
-with the same items, errors and end.
+The thread runs `next(source)` and `transform` (so host work overlaps the training step: pass
+device placement as `transform` rather than stacking a second thread); errors and the end
+reach the consumer in order. depth=0 starts no thread, with the same items, errors and end.
 """
 import queue
 import threading

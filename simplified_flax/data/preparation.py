@@ -1,11 +1,9 @@
 """Tokenize a split once into shards (`shards.py`): worker processes, progress, resume.
 
-    prepared = prepare_split(corpus, "train", tokenizer, root, shard_docs=50_000, workers=4)
-
 The parent reads the split's documents in order and hands every S = shard_docs of them to a
-pool of worker processes, which tokenize them and write shard i (documents iS .. (i+1)S-1).
-A killed run keeps its finished shards: the next run starts reading at the first missing one
-(a tfds split is sliced there, not re-read). Progress with an ETA goes to stderr.
+worker process, which tokenizes them and writes shard i (documents iS .. (i+1)S-1). A killed
+run keeps its finished shards; the next starts reading at the first missing one (a tfds split
+is sliced there, not re-read). Progress with an ETA goes to stderr.
 """
 import concurrent.futures
 import itertools
@@ -33,38 +31,27 @@ def _tokenize_shard(directory: str, index: int, texts: list[str], tokenizer: Tok
 
 
 class _Progress:
-  """One status line on stderr (rewritten in place on a terminal), at most every `every` s."""
+  """One status line on stderr every 2 s at most (rewritten in place on a terminal)."""
 
-  def __init__(self, label: str, total_docs: int | None, done_docs: int, every: float = 2.0):
-    self._label, self._total, self._every = label, total_docs, every
-    self._start_docs, self.docs, self.tokens = done_docs, done_docs, 0
-    self._start = self._last = time.perf_counter()
-    self._printed_docs = None
+  def __init__(self, label: str, total_docs: int | None, done_docs: int):
+    self._label, self._total, self._first, self._printed = label, total_docs, done_docs, None
+    self.docs, self.tokens, self._start = done_docs, 0, time.perf_counter()
+    self._last = self._start
 
   def update(self, docs: int, tokens: int, final: bool = False) -> None:
-    self.docs += docs
-    self.tokens += tokens
-    now = time.perf_counter()
-    if (not final and now - self._last < self._every) or self.docs == self._printed_docs:
+    self.docs, self.tokens, now = self.docs + docs, self.tokens + tokens, time.perf_counter()
+    if (not final and now - self._last < 2.0) or self.docs == self._printed:
       return
-    self._last, self._printed_docs = now, self.docs
-    rate = (self.docs - self._start_docs) / max(now - self._start, 1e-9)
+    self._last, self._printed = now, self.docs
+    rate = (self.docs - self._first) / max(now - self._start, 1e-9)
     line = f"prepare {self._label}: {self.docs:,} documents"
     if self._total:
-      left = max(self._total - self.docs, 0)
-      eta = time.strftime("%H:%M:%S", time.gmtime(left / rate)) if rate > 0 else "?"
-      line += f" of {self._total:,} ({100 * self.docs / self._total:.0f}%), ETA {eta}"
-    line += f", {rate:,.0f} docs/s, {self.tokens:,} tokens this run"
+      eta = time.gmtime(max(self._total - self.docs, 0) / rate) if rate > 0 else None
+      line += (f" of {self._total:,} ({100 * self.docs / self._total:.0f}%), ETA "
+               f"{time.strftime('%H:%M:%S', eta) if eta else '?'}")
     tty = sys.stderr.isatty()
-    print(("\r" if tty else "") + line, end="\n" if final or not tty else "", file=sys.stderr,
-          flush=True)
-
-
-def prepare_command() -> str:
-  """The prepare command for this run's config (its --config flags, when started with any)."""
-  flags = [a for a in sys.argv[1:] if a.startswith("--config")]
-  return shlex.join(["python", "-m", "simplified_flax.prepare",
-                     *(flags or ["--config=configs/<your variant>.py"])])
+    print(("\r" if tty else "") + line + f", {rate:,.0f} docs/s, {self.tokens:,} tokens this run",
+          end="\n" if final or not tty else "", file=sys.stderr, flush=True)
 
 
 def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_docs: int,
@@ -81,10 +68,13 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
     logging.info("Reading prepared %s/%s from %s.", corpus.identity, split, directory)
     return prepared
   size = corpus.split_num_bytes(split) if max_bytes is not None else None
-  if size is not None and size > max_bytes:
+  if size is not None and size > max_bytes:  # the command with this run's --config flags
+    flags = [a for a in sys.argv[1:] if a.startswith("--config")]
+    command = shlex.join(["python", "-m", "simplified_flax.prepare",
+                          *(flags or ["--config=configs/<your variant>.py"])])
     raise DataError(f"The split '{split}' of '{corpus.identity}' ({size / 2**30:.1f} GiB) is not "
                     f"prepared in '{root}'. Tokenize it once, with worker processes (resumable):"
-                    f"  {prepare_command()}")
+                    f"  {command}")
   logging.info("Preparing %s/%s in %s (once).", corpus.identity, split, root)
   done = shards.finished_shards(directory)
   progress = _Progress(f"{corpus.identity} {split}", corpus.num_documents(split),

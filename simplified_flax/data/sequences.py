@@ -1,20 +1,12 @@
 """From tokenized shards to rows of exactly T tokens: windows (the paper's way) or packing.
 
-A tokenized split (or shard) is one flat token array, every document followed by one eod id,
-
-    tokens_N = [d0 d0 d0 eod d1 d1 eod d2 ... eod],  doc_starts_D1 = [0, 4, 7, ..., N]
-
-(doc i is tokens_N[doc_starts[i] : doc_starts[i+1] - 1], its eod at doc_starts[i+1] - 1).
-
-* Windows (default): each document is cut into windows of exactly T tokens and its short tail
-  is dropped, as the reference implementation does; the eod never enters a window. Documents
-  shorter than T give nothing.
-* Packing: the whole eod-joined stream is cut into rows of T, the last row padded with pad
-  ids. `segment_ids` number the documents within a row 1, 2, 3, ... (restarting in each row;
-  a document cut by a row boundary continues as segment 1 of the next row); 0 marks padding.
-
-Rows are named by integer ids, shard after shard (`ShardedRows`), so a global shuffle is a
-shuffle of ids and a batch is a gather from whichever shards hold its rows.
+A tokenized split or shard is one flat array, every document followed by one eod id:
+tokens_N = [d0 d0 d0 eod d1 d1 eod ...], doc_starts_D1 = [0, 4, 7, ..., N]. Windows: each
+document is cut into windows of exactly T tokens, its short tail (and the eod) dropped, as in
+the reference implementation. Packing: the eod-joined stream is cut into rows of T, the last
+one padded; segment_ids number a row's documents 1, 2, ... (a document cut by a row boundary
+is segment 1 of the next row) and are 0 on padding. Rows are numbered shard after shard
+(`ShardedRows`), so a shuffle is a shuffle of ids and a batch is a gather.
 """
 import dataclasses
 import functools

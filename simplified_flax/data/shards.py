@@ -1,20 +1,15 @@
 """Prepared token shards: where they live, how one is written, how a split is read back.
 
-A split tokenized by one tokenizer lives in one content-addressed directory under the shard
-root (`data.cache_dir`, local or remote such as gs://, read and written through etils.epath):
-
-    <root>/<dataset>.<split>.<key>/
+    <root>/<dataset>.<split>.<key>/     root: data.cache_dir, local or remote (etils.epath)
         tokens-00000.npy   uint16/int32[N_i]  documents iS .. (i+1)S-1 of the split, eod-joined
         docs-00000.npy     int64[D_i + 1]     document start offsets into tokens-00000.npy
-        ...
         manifest.json      written last: the address fields and every shard's sizes
 
-`key` hashes (corpus identity, split, tokenizer fingerprint, documents per shard S, format),
-so a changed corpus or tokenizer never reuses old tokens. Every file is written under a
-temporary name and renamed; a shard is finished once its docs file (written after its
-tokens) exists, and only the manifest makes the split usable: a killed preparation keeps its
-finished shards and never leaves a split that looks complete. Local shards are memory-mapped;
-a remote shard's tokens are read whole the first time a batch needs one of its rows.
+`key` hashes the corpus identity, split, tokenizer fingerprint, S and the format, so changed
+data never reuses old tokens. Files are written under a temporary name and renamed; a shard
+is finished once its docs file (written last) exists, and only the manifest makes the split
+usable: a killed preparation keeps its finished shards and never looks complete. Local shards
+are memory-mapped; a remote shard is read whole when a batch first needs it.
 """
 import dataclasses
 import functools

@@ -1,16 +1,8 @@
 """Tokenizers: byte-level, and SentencePiece trained on the corpus (or loaded from a file).
 
-Both put their special ids first: 0 = pad, 1 = end-of-document (eod), 2 = [MASK]; the ids
-below `first_regular_id` are special (MLM draws its random ids above it). `fingerprint`
-changes whenever the ids of any text would.
-
-* `ByteTokenizer`: ids 3..258 are the bytes 0..255 of the UTF-8 text (vocab_size 259). Any
-  text encodes; decoding replaces invalid UTF-8 with U+FFFD instead of failing.
-* `SentencePieceTokenizer`: pad 0, control pieces `<eod>` 1 and `<mask>` 2, unk 3 (never
-  produced), the 256 byte-fallback pieces, then learned pieces. Byte fallback encodes any
-  text; identity normalisation keeps code's whitespace, so decode(encode(s)) == s.
-
-`build_tokenizer(data_config, workdir, training_texts)` picks one from the config; a trained
+Both put their special ids first: 0 = pad, 1 = end-of-document (eod), 2 = [MASK]; ids below
+`first_regular_id` are special (MLM draws its random ids above it), and `fingerprint` changes
+whenever the ids of any text would. `build_tokenizer` picks one from the config; a trained
 SentencePiece model is saved as `<workdir>/tokenizer.model` and reused on resume.
 """
 import hashlib
@@ -30,7 +22,7 @@ TOKENIZER_FILENAME = "tokenizer.model"
 
 
 class ByteTokenizer:
-  """UTF-8 bytes shifted past the three special ids."""
+  """The UTF-8 bytes 0..255 as ids 3..258; decoding replaces invalid UTF-8 with U+FFFD."""
   pad_id, eod_id, mask_id = PAD_ID, EOD_ID, MASK_ID
   first_regular_id = 3
   vocab_size = 256 + first_regular_id
@@ -58,7 +50,8 @@ class ByteTokenizer:
 
 
 class SentencePieceTokenizer:
-  """A SentencePiece model laid out as in the module docstring (see `train_sentencepiece`)."""
+  """pad 0, control pieces <eod> 1 and <mask> 2, unk 3 (never produced: byte fallback), the
+  256 byte pieces, then learned ones (`train_sentencepiece`); decode(encode(s)) == s."""
   pad_id, eod_id, mask_id = PAD_ID, EOD_ID, MASK_ID
   first_regular_id = 4  # pad, eod, mask, unk
 
@@ -88,7 +81,6 @@ class SentencePieceTokenizer:
     return self._sp.EncodeAsIds(text)
 
   def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(int32[M] ids of all texts back to back, int64[D] their lengths)."""
     docs = [np.asarray(d, np.int32)
             for d in self._sp.Encode(list(texts), num_threads=os.cpu_count() or 1)]
     lengths_D = np.array([len(d) for d in docs], np.int64)
