@@ -22,9 +22,8 @@ def write_atomically(path, write: Callable[[BinaryIO], object]) -> None:
 
 
 def move_folder(source, dest) -> None:
-  """Moves the folder `source` to `dest`, making dest's parents: locally one rename; in an
-  object store (no folders) every object is copied before any is deleted, so `source` stays
-  whole until its copy is."""
+  """Moves the folder `source` to `dest`: locally one rename; in an object store every object
+  is copied before any is deleted, so `source` stays whole until its copy is."""
   source, dest = epath.Path(source), epath.Path(dest)
   dest.parent.mkdir(parents=True, exist_ok=True)
   if not is_remote(source):

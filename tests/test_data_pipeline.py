@@ -10,7 +10,6 @@ from simplified_flax.data import build_pipeline
 from simplified_flax.data import local_files
 from simplified_flax.data import preparation
 from simplified_flax.data import sequences
-from simplified_flax.data import shards
 from simplified_flax.data.batches import BatchMaker
 from simplified_flax.data.tokenizers import ByteTokenizer
 from simplified_flax.data.errors import DataError
@@ -143,14 +142,14 @@ def test_process_shards_are_disjoint_and_cover_an_epoch(tmp_path):
   flat = np.concatenate([np.arange(1000 * d + 10, 1000 * d + 10 + n)
                          for d, n in enumerate(lengths)])
   split = sequences.join_documents(flat, lengths, 1, 80_000)
-  address = shards.Address("hand-made", "train", "byte-v1", 4)
+  address = preparation.Address("hand-made", "train", "byte-v1", 4)
   directory = address.directory(str(tmp_path))
   for index in range(2):
     part = sequences.join_documents(flat[lengths[:4 * index].sum():lengths[:4 * index + 4].sum()],
                                     lengths[4 * index:4 * index + 4], 1, 80_000)
-    shards.write_shard(directory, index, part)
-  shards.write_manifest(directory, address, 2)
-  source = sequences.ShardedRows(shards.PreparedSplit.open(str(tmp_path), address), seq_len=4,
+    preparation.write_shard(directory, index, part)
+  preparation.write_manifest(directory, address, 2)
+  source = sequences.ShardedRows(preparation.PreparedSplit.open(str(tmp_path), address), seq_len=4,
                                  packing=False, pad_id=0)
   assert source.num_rows == 36
   seen = []

@@ -12,7 +12,6 @@ from configs import base
 from simplified_flax.data import build_pipeline
 from simplified_flax.data import pipeline
 from simplified_flax.data import preparation
-from simplified_flax.data import shards
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.index_shuffle import IndexShuffle
 from simplified_flax.data.corpus import LocalCorpus
@@ -111,8 +110,8 @@ def test_a_killed_preparation_keeps_its_finished_shards(corpus, tmp_path, monkey
   root = str(tmp_path / "b")
   with pytest.raises(KeyboardInterrupt):
     preparation.prepare_split(corpus, "train", tokenizer, root, shard_docs=100)
-  address = shards.Address(corpus.identity, "train", tokenizer.fingerprint, 100)
-  assert shards.PreparedSplit.open(root, address) is None  # not usable half-way
+  address = preparation.Address(corpus.identity, "train", tokenizer.fingerprint, 100)
+  assert preparation.PreparedSplit.open(root, address) is None  # not usable half-way
   monkeypatch.setattr(preparation, "_tokenize_shard",
                       lambda *args: tokenized.append(args[1]) or real(*args))
   resumed = preparation.prepare_split(corpus, "train", tokenizer, root, shard_docs=100)
@@ -123,11 +122,11 @@ def test_a_killed_preparation_keeps_its_finished_shards(corpus, tmp_path, monkey
 
 
 def test_shards_are_addressed_by_corpus_split_tokenizer_and_size(corpus):
-  base_address = shards.Address(corpus.identity, "train", "byte-v1", 100)
-  others = [shards.Address("text_files/other", "train", "byte-v1", 100),
-            shards.Address(corpus.identity, "validation", "byte-v1", 100),
-            shards.Address(corpus.identity, "train", "spm-0123456789abcdef", 100),
-            shards.Address(corpus.identity, "train", "byte-v1", 50)]
+  base_address = preparation.Address(corpus.identity, "train", "byte-v1", 100)
+  others = [preparation.Address("text_files/other", "train", "byte-v1", 100),
+            preparation.Address(corpus.identity, "validation", "byte-v1", 100),
+            preparation.Address(corpus.identity, "train", "spm-0123456789abcdef", 100),
+            preparation.Address(corpus.identity, "train", "byte-v1", 50)]
   directories = {str(a.directory("/root")) for a in [base_address, *others]}
   assert len(directories) == 5
 
@@ -135,10 +134,10 @@ def test_shards_are_addressed_by_corpus_split_tokenizer_and_size(corpus):
 def test_a_corrupt_manifest_is_an_error_naming_the_fix(corpus, tmp_path):
   prepared = preparation.prepare_split(corpus, "train", ByteTokenizer(), str(tmp_path),
                                        shard_docs=1000)
-  (prepared.directory / shards.MANIFEST).write_text("{not json")
-  address = shards.Address(corpus.identity, "train", "byte-v1", 1000)
+  (prepared.directory / preparation.MANIFEST).write_text("{not json")
+  address = preparation.Address(corpus.identity, "train", "byte-v1", 1000)
   with pytest.raises(DataError, match=r"manifest .* is corrupt .*Delete .* prepare the split"):
-    shards.PreparedSplit.open(str(tmp_path), address)
+    preparation.PreparedSplit.open(str(tmp_path), address)
 
 
 def _config(tmp_path, **data):

@@ -7,6 +7,8 @@ skipped). Process p of P reads only the p-th contiguous B / P of them: disjoint,
 global batch, the stream independent of P. Batch k needs no earlier batch, so the iterator
 state is (epoch, position in epoch, seed).
 """
+import functools
+
 import numpy as np
 
 from simplified_flax.data import mlm
@@ -29,20 +31,19 @@ class BatchMaker:
     local_batch = global_batch // process_count
     self._local = slice(process_index * local_batch, (process_index + 1) * local_batch)
     self.batches_per_epoch = source.num_rows // global_batch
-    self._epoch_order = (-1, None)  # (epoch, IndexShuffle), swapped atomically
     self._eval_order = IndexShuffle(max(source.num_rows, 1), [EVAL_SEED, _EVAL_ORDER])
 
   def _positions(self, k: int) -> np.ndarray:
     """int64[b]: this process's positions in global batch k, k * B + (its slice of 0..B-1)."""
     return k * self.global_batch + np.arange(self._local.start, self._local.stop)
 
+  @functools.lru_cache(maxsize=2)
+  def _order(self, epoch: int) -> IndexShuffle:
+    return IndexShuffle(self.source.num_rows, [self.seed, _TRAIN_ORDER, epoch])
+
   def train_batch(self, k: int) -> dict[str, np.ndarray]:
     epoch, j = divmod(k, self.batches_per_epoch)
-    cached_epoch, order = self._epoch_order
-    if cached_epoch != epoch:
-      order = IndexShuffle(self.source.num_rows, [self.seed, _TRAIN_ORDER, epoch])
-      self._epoch_order = (epoch, order)
-    return self._batch(order(self._positions(j)), [self.seed, _TRAIN_MASKS, k])
+    return self._batch(self._order(epoch)(self._positions(j)), [self.seed, _TRAIN_MASKS, k])
 
   def eval_batch(self, k: int) -> dict[str, np.ndarray]:
     """Batch k of the eval split, wrapping around a split of fewer than (k+1)*B rows; a fixed

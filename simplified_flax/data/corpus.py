@@ -53,12 +53,9 @@ def open_corpus(data_config):
 
 @dataclasses.dataclass(frozen=True)
 class LocalCorpus:
-  """The documents of local files, with the splits "train" and "validation".
-
-  `identity` hashes the file list with each file's size and modification time: editing,
-  adding or removing a file makes a new identity (and new shards), the same files are
-  prepared once. Construction only lists and stats; files are read when documents are asked.
-  """
+  """The documents of local files in the splits "train" and "validation". `identity` hashes
+  the file list with each file's size and mtime, so changed files are new data (new shards).
+  Construction only lists and stats; files are read when documents are asked for."""
   name: str                  # "python_code" or "text_files"
   roots: tuple[str, ...]     # python_code: absolute roots
   files: tuple[str, ...]     # text_files: absolute, sorted files
@@ -71,7 +68,8 @@ class LocalCorpus:
     stdlib = (local_files.stdlib_root(),)
     roots = tuple(sorted({os.path.realpath(os.path.expanduser(r)) for r in roots or ()}))
     roots = roots or stdlib
-    files = [os.path.join(root, rel) for root in roots for rel in local_files.walk_python_files(root)]
+    files = [os.path.join(root, rel)
+             for root in roots for rel in local_files.walk_python_files(root)]
     label = "stdlib" if roots == stdlib else "roots"
     return cls("python_code", roots, (), "", f"python_code/{label}-{_digest(roots, files)}")
 

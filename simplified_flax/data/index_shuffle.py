@@ -1,11 +1,7 @@
 """A seeded bijection of [0, n) evaluated one index at a time: a shuffle never materialised.
-
-    order = IndexShuffle(n, key=(seed, tag, epoch))
-    order(np.arange(8))          # the first 8 positions of the shuffled order, int64[8]
-
 A balanced Feistel network on the smallest even number of bits covering n permutes
-[0, 2^bits); cycle walking (reapply while the value is >= n) restricts it to [0, n), with
-under 4 walks per index expected. m lookups cost O(m) whatever n is.
+[0, 2^bits); cycle walking (reapply while >= n) restricts it to [0, n), under 4 walks per
+index expected. m lookups cost O(m) whatever n is: `IndexShuffle(n, (seed, epoch))(ids)`.
 """
 from typing import Sequence
 

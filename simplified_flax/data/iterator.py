@@ -1,13 +1,11 @@
 """A batch iterator whose position is checkpointed, with background prefetch.
 
 It needs only `open_stream(k)`, the batches from batch k on (computed directly: no earlier
-data is read). Its state is the same on every process (the primary saves it, all restore it):
-
-    {"batches_drawn": 1200, "epoch": 2, "position": 34, "seed": 0, "data": {...}}
-
-`data` describes what made the stream; restoring checks it (another corpus, tokenizer, batch
-size or seed would silently continue another stream) and names what changed. Prefetched
-batches past a restore point are dropped, so prefetch never changes what a consumer sees.
+data is read). Its state, `{"batches_drawn": 1200, "epoch": 2, "position": 34, "seed": 0,
+"data": {...}}`, is the same on every process (the primary saves it, all restore it). `data`
+describes what made the stream; restoring checks it (another corpus, tokenizer, batch size or
+seed would silently continue another stream) and names what changed. Prefetched batches past
+a restore point are dropped, so prefetch never changes what a consumer sees.
 """
 import json
 from typing import Any, Callable, Iterator

@@ -12,6 +12,7 @@ import glob
 import hashlib
 import json
 import os
+import pathlib
 import sysconfig
 from typing import Iterator, Sequence
 
@@ -59,10 +60,9 @@ def assign_splits(groups: Sequence[DocGroup]) -> dict[str, list[DocGroup]]:
   gets the document with the smallest bucket, so tiny corpora still have an eval split."""
   total = sum(g.num_docs for g in groups)
   if total < 2:
-    raise DataError(
-        f"The corpus has {total} usable document(s); at least 2 are needed so that one can "
-        "be held out for the validation split. Add files (or, for text_files, use a JSON-lines "
-        "file with one document per line).")
+    raise DataError(f"The corpus has {total} usable document(s); 2 or more are needed to hold "
+                    "one out for validation. Add files (or, for text_files, use a JSON-lines "
+                    "file with one document per line).")
   buckets = [g.buckets() for g in groups]
   held_out = [b < VALIDATION_PERCENT * 100 for b in buckets]
   if not any(h.any() for h in held_out):
@@ -79,10 +79,8 @@ def assign_splits(groups: Sequence[DocGroup]) -> dict[str, list[DocGroup]]:
 
 def read_text(path: str) -> str | None:
   """The text of the file `path`, or None when it is not UTF-8 (a BOM is dropped)."""
-  with open(path, "rb") as f:
-    data = f.read()
   try:
-    return data.decode("utf-8-sig")
+    return pathlib.Path(path).read_bytes().decode("utf-8-sig")
   except UnicodeDecodeError:
     return None
 

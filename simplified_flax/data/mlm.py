@@ -1,8 +1,7 @@
 """Masked-language-model batches as in BERT (Devlin et al. 2019, §3.1): each regular token
 (never padding, eod or another special id) is selected with probability `rate`, then becomes
 [MASK] 80% of the time, a random regular token 10%, itself 10%; the loss is scored exactly at
-the selected positions. The draws are made for the whole global batch and sliced per process,
-so a batch index gives the same masks whatever the number of processes.
+the selected positions. The draws are made for the whole global batch and sliced per process.
 """
 from typing import NamedTuple
 

@@ -31,8 +31,7 @@ class Pipeline:
   evals: BatchMaker
 
   def train_iterator(self, prefetch: int | None = None) -> CheckpointableIterator:
-    """A fresh iterator at batch 0; `set_state` moves it to a checkpoint's position.
-    `prefetch` overrides data.prefetch (0: no thread, for a consumer with its own)."""
+    """A fresh iterator at batch 0; `prefetch` overrides data.prefetch (0: no thread)."""
     return CheckpointableIterator(
         lambda k: map(self.train.train_batch, itertools.count(k)), self.description,
         prefetch=self.prefetch if prefetch is None else prefetch,
@@ -58,8 +57,7 @@ def build_pipeline(config, *, workdir: str | None = None, process_index: int | N
   .batch_size, .seed). Sets `config.model.vocab_size` from the tokenizer when it is None."""
   if process_index is None or process_count is None:
     import jax  # pylint: disable=g-import-not-at-top  (only the default needs jax)
-    process_index = jax.process_index() if process_index is None else process_index
-    process_count = jax.process_count() if process_count is None else process_count
+    process_index, process_count = jax.process_index(), jax.process_count()
   data, kind, seq_len = config.data, config.model.kind, config.model.context_length
   assert kind in ("decoder", "encoder") and 0 < data.mlm_rate < 1, "an unchecked config"
   if config.batch_size % process_count:

@@ -2,11 +2,10 @@
 
 A tokenized split or shard is one flat array, every document followed by one eod id:
 tokens_N = [d0 d0 d0 eod d1 d1 eod ...], doc_starts_D1 = [0, 4, 7, ..., N]. Windows: each
-document is cut into windows of exactly T tokens, its short tail (and the eod) dropped, as in
-the reference implementation. Packing: the eod-joined stream is cut into rows of T, the last
-one padded; segment_ids number a row's documents 1, 2, ... (a document cut by a row boundary
-is segment 1 of the next row) and are 0 on padding. Rows are numbered shard after shard
-(`ShardedRows`), so a shuffle is a shuffle of ids and a batch is a gather.
+document cut into windows of exactly T tokens, its short tail (and the eod) dropped, as in the
+reference code. Packing: the eod-joined stream cut into rows of T, the last one padded;
+segment_ids number a row's documents 1, 2, ... (a document cut by a row boundary is segment 1
+of the next row), 0 on padding. Rows are numbered shard after shard (`ShardedRows`).
 """
 import dataclasses
 import functools
@@ -71,7 +70,7 @@ def gather_packed_rows(split: TokenizedSplit, rows_B: np.ndarray, seq_len: int,
 
 
 class ShardedRows:
-  """The rows (windows or packed rows) of every shard of a prepared split (`shards.py`),
+  """The rows (windows or packed rows) of every shard of a prepared split (`preparation.py`),
   numbered shard after shard; with packing, each shard is packed on its own."""
 
   def __init__(self, prepared, *, seq_len: int, packing: bool, pad_id: int):

@@ -74,6 +74,15 @@ class SentencePieceTokenizer:
     self.model_proto, self._origin = model_proto, origin
     self.fingerprint = "spm-" + hashlib.sha256(model_proto).hexdigest()[:16]
 
+  @classmethod
+  def load(cls, path) -> "SentencePieceTokenizer":
+    try:
+      return cls(epath.Path(path).read_bytes(), os.fspath(path))
+    except OSError as e:
+      reason = getattr(e, "strerror", None) or e
+      raise DataError(f"The SentencePiece model '{path}' cannot be read ({reason}). Check "
+                      "data.spm_model_path.") from None
+
   def __reduce__(self):  # picklable for the worker processes: rebuilt from the proto
     return (SentencePieceTokenizer, (self.model_proto, self._origin))
 
@@ -140,11 +149,10 @@ def build_tokenizer(data_config, workdir: str | None,
   if kind != "sentencepiece":
     raise DataError(f"data.tokenizer is '{kind}'; use 'byte' or 'sentencepiece'.")
   if data_config.spm_model_path:
-    return SentencePieceTokenizer(_read_model(data_config.spm_model_path),
-                                  data_config.spm_model_path)
+    return SentencePieceTokenizer.load(data_config.spm_model_path)
   path = epath.Path(workdir) / TOKENIZER_FILENAME if workdir else None
   if path and path.exists():
-    tokenizer = SentencePieceTokenizer(_read_model(path), os.fspath(path))
+    tokenizer = SentencePieceTokenizer.load(path)
     if tokenizer.vocab_size != data_config.spm_vocab_size:
       raise DataError(f"'{path}' has {tokenizer.vocab_size} pieces but data.spm_vocab_size is "
                       f"{data_config.spm_vocab_size}. Use the workdir's tokenizer (set "
@@ -160,10 +168,3 @@ def build_tokenizer(data_config, workdir: str | None,
     write_atomically(path, lambda f: f.write(proto))  # whole or not at all: a resume trusts it
   return SentencePieceTokenizer(proto, os.fspath(path) if path else "<trained in memory>")
 
-
-def _read_model(path) -> bytes:
-  try:
-    return epath.Path(path).read_bytes()
-  except OSError as e:
-    raise DataError(f"The SentencePiece model '{path}' cannot be read "
-                    f"({getattr(e, 'strerror', None) or e}). Check data.spm_model_path.") from None
