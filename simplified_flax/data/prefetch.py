@@ -21,7 +21,8 @@ class Prefetcher:
     self._source, self._transform, self._depth = iter(source), transform or (lambda x: x), depth
     self._thread = concurrent.futures.ThreadPoolExecutor(
         1, initializer=lambda: setattr(threading.current_thread(), "name", "data-prefetch"))
-    self._ahead = collections.deque()  # futures of the next items, in order
+    self._ahead = collections.deque(  # futures of the next items, in order; made from now on
+        self._thread.submit(self._make) for _ in range(depth))
     self._closed = False
 
   def _make(self):
