@@ -17,12 +17,10 @@ def load(spec: str, overrides: Optional[Mapping[str, Any]] = None) -> ml_collect
   from simplified_flax import config_files  # pylint: disable=import-outside-toplevel
   config = config_files.load(spec)
   overrides = dict(overrides or {})
+  fields = dict(config_files.dotted_items(config))
   for dotted in overrides:
-    node = config
-    for part in dotted.split("."):
-      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-        raise KeyError(f"Config override {dotted!r}: {spec} has no field {part!r} there; "
-                       "check the spelling against the config file.")
-      node = node[part]
+    if dotted not in fields:
+      raise KeyError(f"Config override {dotted!r}: {spec} has no field {dotted!r}; check the "
+                     "spelling against the config file.")
   config.update_from_flattened_dict(overrides)
   return config

@@ -26,7 +26,7 @@ Parts, each written to `<output>/results.json`, `report.md` and PNGs:
      tokens, the same windows in the same order: loss vs step and vs training time.
   e. breakdown (with b, on its compiled steps): where Pre-LN's and SAS-P's step time goes
      (embedding, attention core, block matmuls, norms, head + loss, optimizer), with the
-     FLOPs and bytes of each part (simplified_flax/benchmark_breakdown.py).
+     FLOPs and bytes of each part (experiments/step_breakdown.py).
   g. compile to first step of SAS-P at b's shape: 18 layers unrolled, and 18 and 72 layers
      with model.scan_layers (experiments/compile_depth.py); the scanned 72/18 ratio should be
      <= 2.
@@ -48,12 +48,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
-import accelerator_parts as parts  # pylint: disable=g-import-not-at-top
-import compile_depth  # pylint: disable=g-import-not-at-top
 import configs  # pylint: disable=g-import-not-at-top
-from simplified_flax import benchmark  # pylint: disable=g-import-not-at-top
-import accelerator_report  # pylint: disable=g-import-not-at-top
-import report_lib  # pylint: disable=g-import-not-at-top
+from experiments import accelerator_parts  # pylint: disable=g-import-not-at-top
+from experiments import accelerator_report  # pylint: disable=g-import-not-at-top
+from experiments import benchmark  # pylint: disable=g-import-not-at-top
+from experiments import compile_depth  # pylint: disable=g-import-not-at-top
+from experiments import report_lib  # pylint: disable=g-import-not-at-top
 
 PAPER_SHAPE = {"model.n_layer": 18, "model.n_embd": 768, "model.n_head": 12,
                "model.context_length": 128, "dtype": "bfloat16"}
@@ -100,7 +100,8 @@ def make_corpus(path: str, num_tokens: int) -> np.ndarray:
   """Byte tokens of the Python standard library (the default corpus), documents joined by the
   end-of-document id, as uint16: training documents first, then validation documents filling
   the last 1/32 (`split_corpus`). Written to `path` when given."""
-  from simplified_flax.data import local_files, tokenizers  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from simplified_flax.data import local_files, tokenizers
   tokenizer = tokenizers.ByteTokenizer()
   splits = local_files.assign_splits(local_files.python_documents([local_files.stdlib_root()]))
   parts_by_split = []
@@ -160,36 +161,36 @@ def run_check(settings: dict, corpus_N: np.ndarray, parts_wanted: str, save) -> 
     save(results)
 
   if "a" in parts_wanted:
-    done("equalities", parts.attention_equalities(settings["attention_shape"])
-         + parts.model_equalities("sas_p", settings["model_check"]))
+    done("equalities", accelerator_parts.attention_equalities(settings["attention_shape"])
+         + accelerator_parts.model_equalities("sas_p", settings["model_check"]))
   if "b" in parts_wanted or "e" in parts_wanted:
     named = throughput_configs(settings["bench"])
     if "b" not in parts_wanted:
       named = {v: named[v] for v in BREAKDOWN_VARIANTS}
-    runners = parts.make_runners(named, settings["bench_batches"])
+    runners = accelerator_parts.make_runners(named, settings["bench_batches"])
     if "b" in parts_wanted:
       done("throughput", benchmark.measure(list(runners.values()), settings["rounds"],
                                            settings["steps"], settings["matmul_size"]))
       print(benchmark.table(results["throughput"]), flush=True)
     if "e" in parts_wanted:
-      done("breakdown", parts.breakdowns(runners, BREAKDOWN_VARIANTS,
-                                         settings["breakdown_steps"]))
+      done("breakdown", accelerator_parts.breakdowns(runners, BREAKDOWN_VARIANTS,
+                                                     settings["breakdown_steps"]))
     del runners
   if "c" in parts_wanted:
-    done("long_context", parts.long_context("sas_p", settings["long"], settings["lengths"],
-                                            settings["long_steps"]))
+    done("long_context", accelerator_parts.long_context(
+        "sas_p", settings["long"], settings["lengths"], settings["long_steps"]))
   if "g" in parts_wanted:
     done("compile_depth", depth_rows(settings["depth"], settings["depths"]))
   if "d" in parts_wanted:
     train_N, eval_N = split_corpus(corpus_N)
-    done("training", parts.train_comparison(
+    done("training", accelerator_parts.train_comparison(
         {v: configs.load(v, settings["train"]) for v in TRAIN_VARIANTS}, train_N, eval_N,
         log_every=settings["log_every"], eval_every=settings["eval_every"],
         eval_batches=settings["eval_batches"]))
   if "f" in parts_wanted:
     batch_size = results.get("throughput", {}).get("preln", {}).get(
         "batch_size", settings["bench_batches"][0])
-    done("xla_flags", parts.xla_flag_runs(
+    done("xla_flags", accelerator_parts.xla_flag_runs(
         "preln", dict(settings["bench"], batch_size=batch_size), settings["xla_flag_sets"],
         rounds=settings["flag_rounds"], steps=settings["flag_steps"],
         matmul_size=settings["matmul_size"], timeout_s=settings["flag_timeout_s"]))

@@ -1,6 +1,6 @@
 """The measurements of `accelerator_check.py`, each a function of a small settings dict
-(b's round-robin timing is `benchmark.measure`, e's profile `benchmark_breakdown.breakdown`,
-both shared with the benchmark command).
+(b's round-robin timing is `benchmark.measure`, e's profile `step_breakdown.breakdown`, both
+shared with the benchmark command).
 
 Each returns plain JSON-able results; nothing here writes files or parses flags. Shapes are
 the caller's: the full check uses the paper's (18 layers, D=768, H=12, T=128, V=50,257),
@@ -20,11 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import configs
-from simplified_flax import benchmark
-from simplified_flax import benchmark_breakdown
+from experiments import benchmark
+from experiments import step_breakdown
 from simplified_flax.model import attention
 from simplified_flax.model.transformer import build_model
-from simplified_flax.training import step as train_step
+from simplified_flax.training.step import create_train_state, eval_step, train_step
 
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 
@@ -59,9 +59,12 @@ def attention_equalities(shape: Mapping[str, int]) -> List[Dict[str, Any]]:
   gains = dict(resid_gain=jax.random.uniform(keys[3], (H,), minval=0.5, maxval=1.5),
                skip_gain=jax.random.uniform(keys[4], (H,), minval=0.5, maxval=1.5),
                centre_gain=jax.random.uniform(keys[5], (H,), minval=0.5, maxval=1.5))
-  key_mask_BT = jnp.arange(T)[None, :] < jnp.array([T, T // 2] * (B // 2) + [T] * (B % 2))[:, None]
-  segment_ids_BT = 1 + (jnp.arange(T)[None, :] >= T // 3).astype(jnp.int32) * jnp.ones((B, 1), jnp.int32)
-  cases = {"causal": dict(causal=True), "bidirectional_padded": dict(causal=False, key_mask=key_mask_BT),
+  lengths_B = jnp.array([T, T // 2] * (B // 2) + [T] * (B % 2))
+  key_mask_BT = jnp.arange(T)[None, :] < lengths_B[:, None]
+  segment_ids_BT = 1 + (jnp.arange(T)[None, :] >= T // 3).astype(jnp.int32) * jnp.ones(
+      (B, 1), jnp.int32)
+  cases = {"causal": dict(causal=True),
+           "bidirectional_padded": dict(causal=False, key_mask=key_mask_BT),
            "causal_packed": dict(causal=True, segment_ids=segment_ids_BT)}
   rows = []
   for dtype, precision, tolerance in (("float32", "highest", 1e-4), ("bfloat16", "default", 3e-2)):
@@ -185,11 +188,11 @@ def train_comparison(named: Mapping[str, Any], train_N: np.ndarray, eval_N: np.n
   time is excluded), so `time_s` compares the variants' training speed as well as loss.
   """
   def compile_one(config):
-    state = train_step.create_train_state(config, jax.random.PRNGKey(config.seed))
+    state = create_train_state(config, jax.random.PRNGKey(config.seed))
     batch = next(window_batches(train_N, config.batch_size, config.model.context_length, 0))
     # The state is kept: an AOT-compiled step accepts only states with the same static fields.
-    return (state, jax.jit(train_step.train_step, donate_argnums=0).lower(state, batch).compile(),
-            jax.jit(train_step.eval_step).lower(state, batch).compile())
+    return (state, jax.jit(train_step, donate_argnums=0).lower(state, batch).compile(),
+            jax.jit(eval_step).lower(state, batch).compile())
 
   with concurrent.futures.ThreadPoolExecutor(len(named)) as pool:   # compiles in parallel
     compiled = dict(zip(named, pool.map(compile_one, named.values())))
@@ -227,15 +230,15 @@ def train_comparison(named: Mapping[str, Any], train_N: np.ndarray, eval_N: np.n
 # ----------------------------------------------------------------------- e. step breakdown
 
 def breakdowns(runners: Mapping[str, Any], names: Sequence[str], steps: int) -> Dict[str, Any]:
-  """benchmark_breakdown.breakdown of each named runner's compiled step (already warm), with
+  """step_breakdown.breakdown of each named runner's compiled step (already warm), with
   its median step time (b's rounds, else `steps` steps timed here)."""
   results = {}
   for name in names:
     runner = runners[name]
     step_s = statistics.median(runner.times) if runner.times else runner.run(steps)
-    results[name] = dict(benchmark_breakdown.breakdown(runner.step, runner.run, steps),
+    results[name] = dict(step_breakdown.breakdown(runner.step, runner.run, steps),
                          step_time_s=step_s, batch_size=runner.config.batch_size)
-    print(benchmark_breakdown.table(name, results[name], step_s), flush=True)
+    print(step_breakdown.table(name, results[name], step_s), flush=True)
   return results
 
 
@@ -243,7 +246,7 @@ def breakdowns(runners: Mapping[str, Any], names: Sequence[str], steps: int) -> 
 
 def xla_flag_runs(spec: str, overrides: Mapping[str, Any], flag_sets: Sequence[str], *,
                   rounds: int, steps: int, matmul_size: int, timeout_s: int) -> List[Dict]:
-  """One `python -m simplified_flax.benchmark` process per entry of `flag_sets` (XLA reads its
+  """One `python experiments/benchmark.py` process per entry of `flag_sets` (XLA reads its
   flags once, when the backend starts), the first being the reference (usually ""): tokens/s,
   the matmul peak and the compile time of each, and their ratios to the first (the matmul
   peak's ratio shows how much the machine itself drifted between the processes), and the
@@ -253,9 +256,9 @@ def xla_flag_runs(spec: str, overrides: Mapping[str, Any], flag_sets: Sequence[s
   env = dict(os.environ, PYTHONPATH=repo, XLA_PYTHON_CLIENT_PREALLOCATE="false")
   rows = []
   for flag_set in flag_sets:
-    command = [sys.executable, "-m", "simplified_flax.benchmark", f"--configs={spec}",
-               f"--rounds={rounds}", f"--steps={steps}", f"--matmul_size={matmul_size}",
-               f"--xla_flags={flag_set}", "--breakdown"] + [
+    command = [sys.executable, os.path.join(repo, "experiments", "benchmark.py"),
+               f"--configs={spec}", f"--rounds={rounds}", f"--steps={steps}",
+               f"--matmul_size={matmul_size}", f"--xla_flags={flag_set}", "--breakdown"] + [
                    f"--config.{k}={v}" for k, v in overrides.items()]
     row = {"xla_flags": flag_set}
     try:

@@ -6,7 +6,7 @@ A new part adds its key and section function to SECTIONS.
 """
 import os
 
-import report_lib
+from experiments import report_lib
 
 PAPER_SPEEDUPS = {"sas": 1.09, "sas_p": 1.16, "sas_p_nonorm": 1.20}   # He & Hofmann, Table 1
 

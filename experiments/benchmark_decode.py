@@ -22,7 +22,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 
 import configs  # pylint: disable=g-import-not-at-top
 from simplified_flax.model import decode  # pylint: disable=g-import-not-at-top
-from simplified_flax.model import transformer as models  # pylint: disable=g-import-not-at-top
+from simplified_flax.model import transformer  # pylint: disable=g-import-not-at-top
 
 BYTE_VOCAB = 259
 
@@ -65,7 +65,7 @@ def main():
   print(f"{'impl':>9} {'batch':>5} {'tokens/s':>10} {'ms/step':>8} {'compile s':>9}")
   for impl in args.impls.split(","):
     config.model.attention_impl = impl
-    model = models.build_model(config.model)
+    model = transformer.build_model(config.model)
     variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))
     for batch in (int(b) for b in args.batches.split(",")):
       rate, compile_s = tokens_per_second(model, variables, batch, args.prompt_len,

@@ -4,7 +4,7 @@
     python experiments/compile_depth.py --scale=paper        # D=768, bfloat16, GPT-2 vocabulary
 
 For each variant, depth and scan setting, `compile_seconds` times one fresh train state and the
-first jitted `train_step` (the benchmark's shape and random batch, `simplified_flax.benchmark`):
+first jitted `train_step` (the benchmark's shape and random batch, experiments/benchmark.py):
 model init (jitted), lowering, XLA compilation and the first step's run, as a user waits for
 them. A one-layer model of the same variant compiles first, so backend start-up is counted in
 no depth. `<output>/` gets `report.md` and `results.json`; the deepest-to-shallowest ratio is
@@ -19,9 +19,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # pylint: disable=g-import-not-at-top
 
+from experiments import benchmark  # pylint: disable=g-import-not-at-top
 from experiments import report_lib  # pylint: disable=g-import-not-at-top
-from simplified_flax import benchmark  # pylint: disable=g-import-not-at-top
-from simplified_flax.training import step as train_step  # pylint: disable=g-import-not-at-top
+from simplified_flax.training.step import (  # pylint: disable=g-import-not-at-top
+    create_train_state, train_step)
 
 SCALES = {
     "cpu": {"depths": (18, 72), "overrides": {"model.n_embd": 128, "model.n_head": 4}},
@@ -34,9 +35,9 @@ SCAN_SETTINGS = (False, True)
 def _first_step_seconds(config) -> float:
   """Seconds from nothing to the first step's metrics: init, lower, compile, run."""
   start = time.perf_counter()
-  state = train_step.create_train_state(config, jax.random.PRNGKey(config.seed))
+  state = create_train_state(config, jax.random.PRNGKey(config.seed))
   batch = benchmark.random_batch(config, jax.random.PRNGKey(1))
-  _, metrics = jax.jit(train_step.train_step, donate_argnums=0)(state, batch)
+  _, metrics = jax.jit(train_step, donate_argnums=0)(state, batch)
   jax.block_until_ready(metrics)
   return time.perf_counter() - start
 

@@ -22,8 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from etils import epath  # pylint: disable=g-import-not-at-top
 from experiments import report_lib  # pylint: disable=g-import-not-at-top
-from simplified_flax.glue import finetune  # pylint: disable=g-import-not-at-top
-from simplified_flax.glue import tasks as glue  # pylint: disable=g-import-not-at-top
+from simplified_flax.glue.tasks import get_task, glue_average  # pylint: disable=g-import-not-at-top
+from simplified_flax.glue.training import (  # pylint: disable=g-import-not-at-top
+    RESULT_FILE, finetune, finetune_defaults)
 from simplified_flax.training.loop import NonFiniteLossError  # pylint: disable=g-import-not-at-top
 
 PAPER_GLUE = {"bert_preln": 78.9, "bert_parallel": 78.5, "bert_sas": 78.4, "bert_sas_p": 78.3,
@@ -33,11 +34,11 @@ DEFAULT_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
 
 def task_result(pretrained_workdir: str, task: str, ft) -> float:
   """The task score of one fine-tuning run (reused when done before), NaN if it diverged."""
-  path = epath.Path(pretrained_workdir) / "glue" / task / finetune.RESULT_FILE
+  path = epath.Path(pretrained_workdir) / "glue" / task / RESULT_FILE
   if path.exists():
     return json.loads(path.read_text())["score"]
   try:
-    return finetune.finetune(pretrained_workdir, task, ft=ft)["score"]
+    return finetune(pretrained_workdir, task, ft=ft)["score"]
   except NonFiniteLossError as e:
     print(f"{pretrained_workdir} {task}: {e}", flush=True)
     return math.nan
@@ -47,7 +48,7 @@ def table(scores: dict[str, dict[str, float]], tasks) -> str:
   lines = ["| variant | " + " | ".join(tasks) + " | GLUE avg | paper |",
            "|---|" + "---:|" * (len(tasks) + 2)]
   for variant, by_task in scores.items():
-    average = glue.glue_average(by_task)
+    average = glue_average(by_task)
     cells = [f"{by_task[t]:.1f}" for t in tasks]
     paper = PAPER_GLUE.get(variant)
     lines.append(f"| {variant} | " + " | ".join(cells) +
@@ -63,9 +64,9 @@ def main() -> None:
   parser.add_argument("--tfds_data_dir", default=None)
   parser.add_argument("--output", default=None, help="default: <pretrained_root>")
   args = parser.parse_args()
-  ft = finetune.finetune_defaults()
+  ft = finetune_defaults()
   ft.tfds_data_dir = args.tfds_data_dir
-  tasks = [glue.get_task(t).name for t in args.tasks.split(",")]
+  tasks = [get_task(t).name for t in args.tasks.split(",")]
   scores = {}
   for variant in args.variants.split(","):
     workdir = os.path.join(args.pretrained_root, variant)

@@ -29,7 +29,6 @@ from experiments import report_lib  # pylint: disable=g-import-not-at-top
 from simplified_flax import train  # pylint: disable=g-import-not-at-top
 from simplified_flax.training import losses  # pylint: disable=g-import-not-at-top
 from simplified_flax.runs import metrics_io  # pylint: disable=g-import-not-at-top
-from simplified_flax.training import mlm_metrics  # pylint: disable=g-import-not-at-top
 from simplified_flax.data import build_pipeline  # pylint: disable=g-import-not-at-top
 from simplified_flax.model.transformer import build_model  # pylint: disable=g-import-not-at-top
 
@@ -62,8 +61,7 @@ def mlm_scores(config, params, constants, batches) -> dict[str, float]:
   def sums_fn(batch):
     logits_BTV = model.apply({"params": params, **constants}, batch["inputs"],
                              key_mask=batch.get("key_mask"), segment_ids=batch.get("segment_ids"))
-    return {**losses.mlm_sums(logits_BTV, batch["targets"], batch["weights"]),
-            **mlm_metrics.correct_sums(logits_BTV, batch)}
+    return losses.loss_sums(logits_BTV, batch, "encoder", with_correct=True)
 
   total = None
   for batch in batches:
@@ -71,7 +69,7 @@ def mlm_scores(config, params, constants, batches) -> dict[str, float]:
     total = sums if total is None else jax.tree.map(np.add, total, sums)
   total = jax.device_get(total)
   return {"mlm_loss": float(total["loss_sum"] / total["weight_sum"]),
-          "mlm_accuracy": mlm_metrics.mlm_accuracy(total),
+          "mlm_accuracy": losses.mlm_accuracy(total),
           "masked_tokens": float(total["weight_sum"])}
 
 

@@ -5,8 +5,8 @@
     python experiments/paired_settings.py --vary=model.attention_impl=explicit,fused \
         --set=dtype=\'bfloat16\' --rounds=10
 
-Every (config, setting) pair is a `benchmark.Runner` at `benchmark.BENCH_SHAPE` (D=768, L=6,
-T=128, batch 8) plus the `--set` overrides, timed round-robin by `benchmark.measure`, so
+Every (config, setting) pair is a `benchmark.Runner` (benchmark.py) at `BENCH_SHAPE` (D=768,
+L=6, T=128, batch 8) plus the `--set` overrides, timed round-robin by `benchmark.measure`, so
 machine drift hits every pair alike. The table's ratios are paired ratios to the first pair
 (first config, first setting); the last line of stdout is one JSON object.
 """
@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments import report_lib  # pylint: disable=g-import-not-at-top
-from simplified_flax import benchmark  # pylint: disable=g-import-not-at-top
+from experiments import benchmark  # pylint: disable=g-import-not-at-top
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
     python experiments/throughput.py --scale=cpu       # L=6, D=768, batch 8; ~5 min on 2 cores
     python experiments/throughput.py --scale=paper     # L=18, D=768, batch 128, bf16: GPU/TPU
 
-Runs `python -m simplified_flax.benchmark` (round-robin timing of the jitted train step of every
+Runs `python experiments/benchmark.py` (round-robin timing of the jitted train step of every
 variant in one process, with a matmul-peak probe per round; see its docstring) and turns its
 JSON into `<output>/report.md`, `throughput.png` (speed relative to Pre-LN, with the paper's
 ratios) and `benchmark.json` (the benchmark's raw output). A rerun reuses `benchmark.json`
@@ -32,14 +32,14 @@ SCALES = {
 def benchmark_command(scale: str, variants, attention_impl: str, extra: dict) -> list[str]:
   s = SCALES[scale]
   overrides = dict(s["overrides"], **{"model.attention_impl": attention_impl}, **extra)
-  return ([sys.executable, "-m", "simplified_flax.benchmark", f"--configs={','.join(variants)}",
+  return ([sys.executable, "experiments/benchmark.py", f"--configs={','.join(variants)}",
            f"--batch_size={s['batch_size']}", f"--steps={s['steps']}",
            f"--rounds={s['rounds']}"] + [f"--config.{k}={v}" for k, v in overrides.items()])
 
 
 def benchmark_settings(command: list[str]) -> list[str]:
   """The benchmark flags that shape a measurement (all but the list of configs)."""
-  return [arg for arg in command[3:] if not arg.startswith("--configs=")]
+  return [arg for arg in command[2:] if not arg.startswith("--configs=")]
 
 
 def reusable_results(raw_path: str, command: list[str], variants) -> dict | None:

@@ -6,6 +6,6 @@ The model never imports training, data or checkpointing code: a notebook can use
 """
 __version__ = "0.1.0"
 
-from simplified_flax import config_files as _config_files
+from simplified_flax import config_files
 
-configs = _config_files.configs_package()
+configs = config_files.configs_package()

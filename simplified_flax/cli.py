@@ -1,21 +1,14 @@
 """What every command-line entry point shares: flag parsing, start-up, and one-line errors.
 
 An entry point ends with `cli.run(main, "simplified_flax.train")` instead of `app.run(main)`.
-Errors caused by the user's input then print one line on stderr, `<program>: error: <what,
-where, the fix>`, and exit with
-
-    2  a usage error: a bad flag or config value, a config field that does not exist;
-    1  any other error of the input or the environment: data, workdir, checkpoints that do not
-       fit the config, a workdir locked by a live run, a full disk, a non-finite loss, a lost
-       process of a multi-host run;
-
-without a traceback (`--verbose` prints it too). Anything else is a bug and keeps its
-traceback. SIGTERM before the training loop has taken over the signal exits 0, as a stop
-request in the loop does (README, "Errors and exit statuses").
+An error of the user's input then prints `<program>: error: <what, where, the fix>` on stderr
+without a traceback (`--verbose` adds it) and exits 2 (usage: a bad flag or config value, an
+unknown config field) or 1 (data, workdir, checkpoints, a locked workdir, a full disk, a
+non-finite loss, a lost process); anything else is a bug and keeps its traceback. SIGTERM
+before the training loop takes over the signal exits 0 (README, "Errors and exit statuses").
 """
 import difflib
 import errno
-import logging as std_logging
 import os
 import signal
 import sys
@@ -26,6 +19,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from simplified_flax import config_files
 from simplified_flax.runs import distributed_failure   # no JAX at import
 
 USAGE_ERROR, OTHER_ERROR = 2, 1
@@ -37,10 +31,17 @@ class UnknownOverrideError(ValueError):
   """A `--config.<path>=value` whose path names no field of the config."""
 
 
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+  """The last `--flag=value` of `argv` ("true" for a bare `--flag`), else None."""
+  given = [a.split("=", 1)[1] if "=" in a else "true" for a in argv
+           if a == f"--{flag}" or a.startswith(f"--{flag}=")]
+  return given[-1] if given else None
+
+
 def start(argv: Sequence[str]) -> flags.FlagValues:
   """Refuses stray positional arguments (a flag typed without `--`) and, unless `--verbosity`
-  was given, logs warnings and errors only: Orbax logs every save and restore at INFO, which
-  would bury the progress lines. Returns the parsed flags."""
+  was given, logs warnings and errors only (Orbax logs every save at INFO, which would bury
+  the progress lines). Returns the parsed flags."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {list(argv[1:])}; every option is a --flag "
                          "(see --help).", exitcode=USAGE_ERROR)
@@ -48,43 +49,36 @@ def start(argv: Sequence[str]) -> flags.FlagValues:
     logging.set_verbosity(logging.WARNING)
   if not (VERBOSE_FLAG in flags.FLAGS and flags.FLAGS[VERBOSE_FLAG].value):
     logging.get_absl_handler().addFilter(_drop_orbax_background_tracebacks)
-    sys.excepthook = _without_closed_loop_reports(sys.excepthook)
-    sys.unraisablehook = _without_closed_loop_unraisable(sys.unraisablehook)
+    _drop_closed_loop_reports()
   return flags.FLAGS
 
 
-def _drop_orbax_background_tracebacks(record: std_logging.LogRecord) -> bool:
-  """Orbax's save threads log the traceback of a failed write (a full disk: four of them,
-  300 lines, and asyncio more at exit) and the same error then reaches the main thread, which
-  `run` prints as one line; without --verbose, records whose traceback passes through Orbax
-  are dropped."""
+def _drop_orbax_background_tracebacks(record) -> bool:
+  """Orbax's save threads log the traceback of a failed write (a full disk: 300 lines) that
+  `run` prints as one line: log records whose traceback passes through Orbax are dropped."""
   if not record.exc_info or record.exc_info[2] is None:
     return True
   paths = [record.pathname] + [f.filename for f in traceback.extract_tb(record.exc_info[2])]
   return not any(f"{os.sep}orbax{os.sep}" in path for path in paths)
 
 
-def _is_closed_loop_report(value: BaseException | None) -> bool:
-  return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+def _drop_closed_loop_reports() -> None:
+  """After such a failed write, tensorstore's callbacks still post to the event loop Orbax has
+  closed: their reports ("Event loop is closed"), raised or unraisable, are dropped."""
+  excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
 
+  def closed(error: BaseException | None) -> bool:
+    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
 
-def _without_closed_loop_reports(excepthook):
-  """After such a failed write, tensorstore's completion callbacks still post to the event
-  loop Orbax has closed; without --verbose those reports ("Event loop is closed") are dropped
-  and every other exception goes to `excepthook`."""
   def hook(kind, value, tb):
-    if not _is_closed_loop_report(value):
+    if not closed(value):
       excepthook(kind, value, tb)
-  return hook
 
-
-def _without_closed_loop_unraisable(unraisablehook):
-  """The same for the reports tensorstore's C++ threads raise as "unraisable" (a bare
-  traceback on stderr, one per pending write: 20-100 lines after a full disk)."""
-  def hook(unraisable):
-    if not _is_closed_loop_report(unraisable.exc_value):
+  def unraisable_hook(unraisable):
+    if not closed(unraisable.exc_value):
       unraisablehook(unraisable)
-  return hook
+
+  sys.excepthook, sys.unraisablehook = hook, unraisable_hook
 
 
 def with_flag(overrides: dict, field: str, flag_value) -> dict:
@@ -97,9 +91,8 @@ def with_flag(overrides: dict, field: str, flag_value) -> dict:
 
 
 def exit_on_sigterm() -> None:
-  """Until the training loop installs its own handler, SIGTERM exits 0 with one line: before
-  the first step there is nothing to save. Entry points call this before their heavy imports,
-  so that a stop request during start-up is never answered with a bare status 143."""
+  """Until the training loop installs its own handler, SIGTERM exits 0 with one line (nothing
+  to save before the first step); entry points call this before their slow imports."""
   def stop(signum, frame):
     del signum, frame
     print("Stopped by SIGTERM outside the training loop: every completed checkpoint stays; "
@@ -117,34 +110,30 @@ def run(main: Callable[[list[str]], None], program: str) -> None:
   """`app.run(main)` with the flags parsed by `parse_flags` and user errors as one line."""
   if VERBOSE_FLAG not in flags.FLAGS:
     flags.DEFINE_bool(VERBOSE_FLAG, False, "Print the traceback of a user error too.")
-  verbose = _verbose_requested(sys.argv)
+  verbose = (flag_value(sys.argv, VERBOSE_FLAG) or "false").lower() in ("true", "1")
   try:
     app.run(main, flags_parser=parse_flags)
   except SystemExit as done:
     if not done.code:
       distributed_failure.mark_done()
     raise
-  except KeyboardInterrupt:
-    raise
-  except BaseException as error:  # pylint: disable=broad-except
+  except Exception as error:  # pylint: disable=broad-except
     lost = distributed_failure.explain(error_chain(error))
-    if lost is not None:
-      if verbose:
-        traceback.print_exc()
-      distributed_failure.stop(lost, program)
     status = exit_status(error)
-    if status is None:
+    if lost is None and status is None:
       raise   # a bug: keep the traceback
     if verbose:
       traceback.print_exc()
+    if lost is not None:
+      distributed_failure.stop(lost, program)   # one line, status 1
     print(f"{program}: error: {one_line(error)}"
           + ("" if verbose else " (--verbose shows the traceback)"), file=sys.stderr, flush=True)
     sys.exit(status)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's parsing, with a mistyped config field reported as UnknownOverrideError (with the
-  nearest field name) and any other parse failure as a usage error."""
+  """absl's parsing; a mistyped config field is an UnknownOverrideError, any other failure a
+  usage error."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as error:
@@ -160,15 +149,12 @@ def unknown_override(argv: Sequence[str]) -> UnknownOverrideError | None:
   """The error for the first `--<config flag>.<path>=...` of `argv` whose path is no field of
   that flag's config, with the closest existing field (difflib) as the fix."""
   for flag_name, config in _config_flags(argv):
-    fields = set(_field_paths(config))
-    for arg in argv:
-      prefix = f"--{flag_name}."
-      if not arg.startswith(prefix):
-        continue
-      path = arg[len(prefix):].split("=", 1)[0]
+    fields = sorted(path for path, _ in config_files.dotted_items(config))
+    prefix = f"--{flag_name}."
+    for path in [a[len(prefix):].split("=", 1)[0] for a in argv if a.startswith(prefix)]:
       if path in fields:
         continue
-      close = difflib.get_close_matches(path, sorted(fields), n=1, cutoff=0.6)
+      close = difflib.get_close_matches(path, fields, n=1, cutoff=0.6)
       fix = (f"did you mean --{flag_name}.{close[0]}?" if close else
              "see the config file for the field names.")
       return UnknownOverrideError(f"--{flag_name}.{path}: the config has no field '{path}'; "
@@ -180,37 +166,17 @@ def _config_flags(argv: Sequence[str]):
   """(name, loaded ConfigDict) of every ml_collections config flag named in `argv`."""
   import ml_collections  # pylint: disable=import-outside-toplevel
   for name, flag in flags.FLAGS._flags().items():  # pylint: disable=protected-access
-    if not any(a.startswith(f"--{name}.") for a in argv) or "." in name:
+    if "." in name or not any(a.startswith(f"--{name}.") for a in argv):
       continue
-    given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+    given = flag_value(argv, name)
     try:
-      if given:
-        config = flag.parser.parse(given[-1])
-      else:
-        config = flag.default if isinstance(flag.default, ml_collections.ConfigDict) else (
-            flag.parser.parse(flag.default))
+      config = flag.parser.parse(given if given is not None else flag.default)
     except Exception:  # pylint: disable=broad-except
       continue   # the config file itself does not load: absl's own message says why
     if isinstance(config, ml_collections.ConfigDict):
       yield name, config
 
 
-def _field_paths(config, prefix: str = ""):
-  for key in config.keys():
-    value = config[key]
-    yield prefix + key
-    if hasattr(value, "keys") and callable(value.keys):
-      yield from _field_paths(value, f"{prefix}{key}.")
-
-
-def _verbose_requested(argv: Sequence[str]) -> bool:
-  return any(a in (f"--{VERBOSE_FLAG}", f"--{VERBOSE_FLAG}=true", f"--{VERBOSE_FLAG}=1",
-                   f"--{VERBOSE_FLAG}=True") for a in argv)
-
-
-# ------------------------------------------------------------------------------------------
-# Which errors are the user's.
-# ------------------------------------------------------------------------------------------
 def error_chain(error: BaseException):
   """`error`, its causes and contexts, and the members of exception groups, each once."""
   seen, todo = set(), [error]
@@ -233,10 +199,10 @@ def _user_error_types():
   # Imported here: this module is imported before JAX, for the start-up SIGTERM handler.
   # pylint: disable=import-outside-toplevel
   from simplified_flax.data.errors import DataError
-  from simplified_flax.model.checks import ConfigError
   from simplified_flax.runs import checkpoints
   from simplified_flax.runs import nonfinite
   from simplified_flax.runs import workdir_lock
+  from simplified_flax.runs.config_checks import ConfigError
   usage = (ConfigError, UnknownOverrideError, app.UsageError)
   other = (DataError, checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
            checkpoints.WorkdirError, workdir_lock.WorkdirLockedError,
@@ -249,9 +215,7 @@ def exit_status(error: BaseException) -> int | None:
   usage, other = _user_error_types()
   if isinstance(error, usage):
     return USAGE_ERROR
-  if isinstance(error, other):
-    return OTHER_ERROR
-  if is_disk_full(error):
+  if isinstance(error, other) or is_disk_full(error):
     return OTHER_ERROR
   return None
 

@@ -1,15 +1,11 @@
-"""Config files by name or by path, from any folder, in a checkout and in an installed wheel.
+"""Config files: shipped ones by name, the user's by path, the run's saved `config.json`, and
+the one walker of dotted field paths (`model.n_layer`).
 
-`--config=sas_p:cpu`, `--config=sas_p.py:cpu`, `--config=configs/sas_p.py:cpu` and
-`--config=path/to/my_config.py:cpu` all work wherever the command runs. The repository keeps
-its config files in the top-level `configs/`; an installed wheel carries them as the package
-`simplified_flax.configs` (pyproject.toml maps the folder there), so nothing generic named
-`configs` lands in site-packages. In a checkout the same name is given to the repository's
-folder, so `from simplified_flax.configs import base` works in both.
-
-A user's own file is loaded as a module inside that package: a copy of a shipped file keeps
-working unchanged (`from . import sas` still finds the shipped `sas`), and a new file may
-write `from simplified_flax.configs import base`.
+`--config=sas_p:cpu`, `sas_p.py:cpu`, `configs/sas_p.py:cpu` and `path/to/mine.py:cpu` work
+from any folder. A checkout keeps the files in the top-level `configs/`; a wheel carries them
+as the package `simplified_flax.configs` (pyproject.toml), and a checkout registers its folder
+under that name, so `from simplified_flax.configs import base` works in both. A user's file
+is loaded inside that package: a copy of a shipped file keeps `from . import sas` working.
 """
 import difflib
 import hashlib
@@ -18,12 +14,14 @@ import importlib.util
 import pathlib
 import sys
 import types
+from typing import Any, Iterator
 
 from absl import flags
 
 PACKAGE = "simplified_flax.configs"
 _HERE = pathlib.Path(__file__).resolve().parent
 _CHECKOUT_CONFIGS = _HERE.parent / "configs"
+CONFIG_FILE = "config.json"   # the resolved config a training run writes to its workdir
 FLAG_HELP = ("A config name (sas_p, preln, bert_sas_p, ...) or the path of a .py file with "
              "get_config(), then :switches, e.g. sas_p:cpu (README, \"Training\").")
 
@@ -32,9 +30,17 @@ class ConfigSpecError(ValueError):
   """A --config value that names no config file, or a switch no config knows."""
 
 
+def dotted_items(tree, prefix: str = "") -> Iterator[tuple[str, Any]]:
+  """(dotted path, value) of every field of a nested dict or ConfigDict, each section before
+  its fields: {"model": {"n_layer": 2}} -> ("model", {...}), ("model.n_layer", 2)."""
+  for key, value in tree.items():
+    yield prefix + key, value
+    if hasattr(value, "items"):
+      yield from dotted_items(value, f"{prefix}{key}.")
+
+
 def configs_package() -> types.ModuleType:
-  """The package holding the shipped config files: the wheel's `simplified_flax.configs`, or
-  in a checkout the repository's top-level `configs/` folder registered under that name."""
+  """The wheel's `simplified_flax.configs`, or a checkout's `configs/` under that name."""
   if PACKAGE in sys.modules:
     return sys.modules[PACKAGE]
   installed = (_HERE / "configs" / "__init__.py").is_file()
@@ -63,10 +69,9 @@ def known_switches() -> tuple[str, ...]:
 
 
 def load(spec: str):
-  """`"name[:switches]"` or `"path.py[:switches]"` -> that file's `get_config(switches)`.
-
-  Raises ConfigSpecError (one line naming the known configs and switches) for a file that
-  does not exist or a switch that no shipped config knows, before running any config code."""
+  """`"name[:switches]"` or `"path.py[:switches]"` -> that file's `get_config(switches)`; a
+  missing file or a switch no shipped config knows raises ConfigSpecError (one line naming the
+  known configs and switches) before any config code runs."""
   target, _, arg = spec.partition(":")
   module, shipped = _module_for(target)
   if shipped:
@@ -117,14 +122,9 @@ def _known_text() -> str:
 class ConfigSpecParser(flags.ArgumentParser):
   """absl parser of a --config value through `load` (locked, as ml_collections locks it)."""
 
-  def __init__(self, lock_config: bool = True):
-    self._lock_config = lock_config
-
   def parse(self, argument):
-    if not isinstance(argument, str):
-      return argument
-    config = load(argument)
-    if self._lock_config and callable(getattr(config, "lock", None)):
+    config = load(argument) if isinstance(argument, str) else argument
+    if callable(getattr(config, "lock", None)):
       config.lock()
     return config
 
@@ -132,10 +132,10 @@ class ConfigSpecParser(flags.ArgumentParser):
     return "config object"
 
 
-def define_config_flag(name: str, help_string: str, lock_config: bool = True):
-  """An ml_collections config-file flag (`--name=spec`, `--name.field=value`) whose spec is
-  resolved by `load`: a name or a path, from any folder."""
+def define_config_flag(help_string: str = FLAG_HELP):
+  """The ml_collections config-file flag `--config=spec` (overrides `--config.field=value`),
+  its spec resolved by `load`."""
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
-  holder = config_flags.DEFINE_config_file(name, None, help_string, lock_config=lock_config)
-  flags.FLAGS[name].parser = ConfigSpecParser(lock_config)
+  holder = config_flags.DEFINE_config_file("config", None, help_string)
+  flags.FLAGS["config"].parser = ConfigSpecParser()
   return holder

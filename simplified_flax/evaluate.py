@@ -1,14 +1,10 @@
-"""Evaluation: the eval loss of a state, and the CLI that evaluates a workdir's latest checkpoint.
+"""Evaluation of a training run's checkpoint from the command line (README, "Evaluating").
 
     python -m simplified_flax.evaluate --workdir=DIR [--eval_steps=N] [--step=S] [--quantize=w8a8]
 
-restores the latest good checkpoint of DIR (or the kept step S) with the config saved there
-(`config.json`) and prints one JSON line {"step", "eval_loss", "eval_perplexity",
-"eval_tokens"} for the first N (default: the config's `eval_steps`) batches of the validation
-split. `--quantize=w8|a8|w8a8` evaluates the same batches again with every linear layer's
-weights (per output channel) and/or inputs (per tensor) fake-quantised to int8
-(model/quantize.py) and adds "quantized_eval_loss" and "quantized_loss_increase" beside the
-full-precision "eval_loss".
+prints one JSON line {"step", "eval_loss", "eval_perplexity", "eval_tokens"} for the latest
+good checkpoint (or step S) on N validation batches; `--quantize` adds the loss with int8
+fake-quantised linear layers ("quantized_eval_loss", "quantized_loss_increase").
 """
 import json
 
@@ -18,9 +14,7 @@ import jax
 from simplified_flax import cli
 from simplified_flax.model import quantize
 from simplified_flax.runs import distributed
-from simplified_flax.training.evaluation import evaluate, load_config, restore_read_only, run_eval
-
-__all__ = ["evaluate", "load_config", "restore_read_only", "run_eval"]
+from simplified_flax.training.evaluation import evaluate   # the library call behind the CLI
 
 
 def main(argv) -> None:

@@ -1,35 +1,36 @@
-"""Tokenize a config's corpus once into prepared shards, with worker processes.
+"""Tokenize a config's corpus once into prepared shards, with worker processes (README,
+"Prepared shards").
 
     python -m simplified_flax.prepare --config=preln [--config.data.name=lm1b ...] \\
         [--workers=16] [--workdir=DIR]
 
-Prepares the train and eval splits of `config.data` under `data.cache_dir` (default
-`<tfds data dir>/token_shards`; a gs:// path works too), prints progress with an ETA, and
-can be killed and run again: finished shards are kept. Training then reads the shards (see
-README, "Data"). A SentencePiece tokenizer is trained first when needed and saved in
-`--workdir` (pass the training run's workdir so both use the same model).
+Killed and run again, it keeps finished shards. A SentencePiece tokenizer is trained first
+when needed and saved in `--workdir` (the training run's, so that both use the same model).
 """
 import os
 
 from absl import flags
 
 from simplified_flax import cli
-from simplified_flax.data import corpus as corpus_lib
-from simplified_flax.data import pipeline as pipeline_lib
+from simplified_flax.data import corpus
+from simplified_flax.data import pipeline
 from simplified_flax.data import preparation
 from simplified_flax.data import tokenizers
+from simplified_flax.runs import config_checks
 
 
 def prepare(config, *, workers: int, workdir: str | None) -> dict[str, str]:
-  """Prepares both splits of `config.data`; returns {split: shard directory}."""
+  """Prepares both splits of `config.data` (the config checked first); returns {split: shard
+  directory}."""
+  config_checks.validate_run_config(config)
   data = config.data
-  corpus = corpus_lib.open_corpus(data)
+  source = corpus.open_corpus(data)
   tokenizer = tokenizers.build_tokenizer(data, workdir,
-                                         lambda: corpus.documents(data.train_split))
-  root = pipeline_lib.shard_root(data)
+                                         lambda: source.documents(data.train_split))
+  root = pipeline.shard_root(data)
   directories = {}
   for split in dict.fromkeys((data.train_split, data.eval_split)):
-    prepared = preparation.prepare_split(corpus, split, tokenizer, root,
+    prepared = preparation.prepare_split(source, split, tokenizer, root,
                                          shard_docs=data.shard_docs, workers=workers)
     directories[split] = os.fspath(prepared.directory)
     print(f"{split}: {prepared.num_shards} shard(s), {prepared.num_docs:,} documents, "
@@ -44,7 +45,7 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
   from simplified_flax import config_files  # pylint: disable=g-import-not-at-top
-  config_files.define_config_flag("config", config_files.FLAG_HELP)
+  config_files.define_config_flag()
   flags.DEFINE_integer("workers", 0, "Tokenizing processes (0: one per CPU core).")
   flags.DEFINE_string("workdir", None, "Where a trained SentencePiece model is kept.")
   flags.mark_flags_as_required(["config"])

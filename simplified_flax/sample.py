@@ -1,18 +1,14 @@
-"""Sample from a trained decoder: the CLI, and the library calls behind it.
+"""Sample from a trained decoder: the command line and the library calls behind it (README,
+"Sampling").
 
     python -m simplified_flax.sample --workdir=DIR --prompt='def fib(n):' \\
         [--prompt=...] [--max_new_tokens=N --temperature=0.8 --top_k=0 --top_p=0.95 --seed=0]
 
-restores the latest good checkpoint of a training run's DIR (its `config.json`, its
-`checkpoints/`, and for SentencePiece its `tokenizer.model`), continues every prompt in one
-batch (each stops at the end-of-document token or after max_new_tokens) and prints each prompt
-followed by its continuation. Temperature 0 is greedy decoding.
-
-Read-only (like evaluation and loading a pretrained encoder): it never creates, cleans up or
-moves anything in DIR, so it is safe to run while a training run is still writing there.
+continues every prompt in one batch from the latest good checkpoint of DIR, read-only (safe
+while the run still writes there); temperature 0 is greedy decoding.
 """
 import sys
-from typing import Optional, Sequence
+from typing import Sequence
 
 from absl import app
 from absl import flags
@@ -21,11 +17,12 @@ import jax
 
 from simplified_flax import cli
 from simplified_flax.model import decode
-from simplified_flax.training.evaluation import load_config, restore_read_only
 from simplified_flax.model.transformer import build_model
+from simplified_flax.runs import config_checks
+from simplified_flax.training.evaluation import load_config, restore_read_only
 
 
-def restore_variables(workdir: str, config, step: Optional[int] = None):
+def restore_variables(workdir: str, config, step: int | None = None):
   """(variables {"params", "constants"}, step) of the checkpoint `restore_read_only` reads."""
   restored = restore_read_only(workdir, config, step=step)
   return {"params": restored.state.params, **restored.state.constants}, restored.step
@@ -60,6 +57,7 @@ def main(argv) -> None:
   if config.model.kind != "decoder":
     raise app.UsageError(f"{f.workdir} holds a {config.model.kind}; sampling needs a decoder.")
   config.model.attention_impl = f.attention_impl or config.model.attention_impl
+  config_checks.validate_run_config(config)
   variables, step = restore_variables(f.workdir, config, f.step)
   model = build_model(config.model, dtype=f.dtype)
   tokenizer = load_tokenizer(config, f.workdir)

@@ -1,23 +1,13 @@
-"""Training: the library API and the loop behind the command line.
+"""Training: the library API and the command line behind it (README, "Training").
 
-    python -m simplified_flax.train --config=sas_p:cpu --workdir=DIR \\
-        [--config.key=value ...] [--coordinator_address=host:port --num_processes=N --process_id=i]
+    python -m simplified_flax.train --config=sas_p:cpu --workdir=DIR [--config.key=value ...] \\
+        [--coordinator_address=host:port --num_processes=N --process_id=i]
 
-A workdir that holds checkpoints resumes from the latest good one. The resolved config goes to
-`DIR/config.json`, metrics to `DIR/metrics.jsonl` and `DIR/tensorboard/`, checkpoints to
-`DIR/checkpoints/`. SIGTERM (or a TPU preemption notice) saves at the next step and exits 0;
-before the first step it exits 0 at once. One run per workdir (a lock); user errors print one
-line and exit 2 (usage) or 1 (README, "Errors and exit statuses");
-`--config.restore_step=N` rewinds to a kept step (README, "Resuming").
-`--config` takes a config name (`sas_p:cpu`, from any folder) or the path of a .py file.
+A workdir with checkpoints resumes from the latest good one; SIGTERM saves and exits 0.
+Library use: `train_and_evaluate(config, workdir)`, or the pure functions of training/step.py:
 
-Library use (a notebook needs only the three pure functions, from training/step.py):
-
-    from simplified_flax.train import create_train_state, train_step, eval_step
-    state = create_train_state(config, jax.random.PRNGKey(0))
+    state = create_train_state(config, jax.random.PRNGKey(0))   # model.vocab_size set
     state, metrics = jax.jit(train_step)(state, {"inputs": tokens_BT})
-
-or the whole loop: `train_and_evaluate(config, workdir, pipeline=None)`.
 """
 from simplified_flax import cli
 
@@ -42,12 +32,12 @@ def main(argv) -> None:
   f = cli.start(argv)
   distributed.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
                                      auto=f.distributed)
-  train_and_evaluate(f.config, f.workdir, tensorboard=f.tensorboard)
+  train_and_evaluate(f.config, f.workdir, tensorboard=f.tensorboard)   # checks the config first
 
 
 if __name__ == "__main__":
   from simplified_flax import config_files  # pylint: disable=g-import-not-at-top
-  config_files.define_config_flag("config", config_files.FLAG_HELP)
+  config_files.define_config_flag()
   flags.DEFINE_string("workdir", None, "Checkpoints, metrics and config go here.",
                       required=True)
   flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard event files.")

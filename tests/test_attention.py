@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from simplified_flax.model import attention
+from simplified_flax.model import grad_rules
 from simplified_flax.model import masks
 
 B, T, H, DH = 2, 9, 3, 4
@@ -171,8 +172,8 @@ def test_explicit_gradients_equal_autodiff_of_the_formula_including_probs(name):
     return jnp.sum(jnp.sin(out)) + jnp.sum(jnp.cos(3.0 * probs))
 
   def explicit_loss(q, k, v, gains):
-    return read_out(*attention.shaped_attention(q, k, v, **gains, **case, return_probs=True,
-                                                grad_rules_mode="on"))
+    with grad_rules.chosen("on"):
+      return read_out(*attention.shaped_attention(q, k, v, **gains, **case, return_probs=True))
 
   def reference_loss(q, k, v, gains):
     return read_out(*_reference_shaped_attention(q, k, v, mask, **gains))

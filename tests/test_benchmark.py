@@ -1,6 +1,6 @@
-"""The throughput benchmark's bookkeeping (never its speed): FLOP counts, configs, its output."""
+"""experiments/benchmark.py, the throughput benchmark, and its entry point
+`python -m simplified_flax.benchmark`: bookkeeping (never speed): FLOP counts, configs, output."""
 import json
-import pathlib
 import subprocess
 import sys
 
@@ -8,14 +8,16 @@ import jax
 import pytest
 
 from conftest import TINY_MODEL, tiny_config
-from simplified_flax import benchmark
-from simplified_flax.model import transformer as models
+from simplified_flax.model import transformer
+from test_train_loop import REPO
 
-REPO = pathlib.Path(__file__).parents[1]
+sys.path.insert(0, str(REPO))
+from experiments import benchmark  # pylint: disable=wrong-import-position
+import simplified_flax.benchmark  # pylint: disable=wrong-import-position
 
 
 def init_params(config):
-  model = models.build_model(config.model)
+  model = transformer.build_model(config.model)
   tokens = jax.numpy.zeros((1, config.model.context_length), jax.numpy.int32)
   return model.init(jax.random.key(0), tokens)["params"]
 
@@ -64,6 +66,27 @@ def test_command_prints_a_json_line_with_every_config():
     assert r["tokens_per_sec"] * r["step_time_s"] == pytest.approx(2 * TINY_MODEL["context_length"])
   assert results["sas_p"]["params_trainable"] < results["preln"]["params_trainable"]
 
+
+def test_entry_point_runs_the_checkouts_script_with_the_command_line(tmp_path, monkeypatch,
+                                                                     capsys):
+  assert simplified_flax.benchmark.SCRIPT == REPO / "experiments" / "benchmark.py"
+  script = tmp_path / "benchmark.py"
+  script.write_text("import sys\nprint(__name__, sys.argv)\n")
+  monkeypatch.setattr(sys, "argv", ["benchmark", "--configs=preln", "--rounds=2"])
+  simplified_flax.benchmark.main(script)
+  assert capsys.readouterr().out == f"__main__ {[str(script), '--configs=preln', '--rounds=2']}\n"
+
+
+def test_entry_point_without_the_checkout_says_what_to_run(tmp_path, monkeypatch, capsys):
+  """An installed package has no experiments/: one line with the command to run instead."""
+  monkeypatch.setattr(sys, "argv", ["benchmark", "--configs=preln,sas", "--config.dtype=bfloat16"])
+  with pytest.raises(SystemExit) as done:
+    simplified_flax.benchmark.main(tmp_path / "experiments" / "benchmark.py")
+  assert done.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "ships with the source checkout" in err
+  assert err.endswith(
+      "run: python experiments/benchmark.py --configs=preln,sas --config.dtype=bfloat16\n")
 
 
 def test_the_batch_size_has_one_source_of_truth():

@@ -13,7 +13,7 @@ import pytest
 
 import configs
 from conftest import TINY_MODEL
-from simplified_flax.model import checks
+from simplified_flax.runs import config_checks
 from simplified_flax.model import parameters
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training import chunked_loss
@@ -121,6 +121,6 @@ def test_vocab_padding_changes_no_logit_and_no_parameter():
                                          ("vocab_pad_multiple", 0)])
 def test_bad_head_settings_are_one_clear_error(field, value):
   config = _config("preln", "float32", **{field: value})
-  with pytest.raises(checks.ConfigError, match=f"model.{field}=") as err:
-    checks.validate_model_config(config.model)
+  with pytest.raises(config_checks.ConfigError, match=f"model.{field}=") as err:
+    config_checks.validate_model_config(config.model)
   assert "\n" not in str(err.value)

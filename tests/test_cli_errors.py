@@ -11,7 +11,7 @@ import pytest
 
 from simplified_flax import cli
 from simplified_flax.data.errors import DataError
-from simplified_flax.model.checks import ConfigError
+from simplified_flax.runs.config_checks import ConfigError
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs.nonfinite import NonFiniteLossError
 from simplified_flax.runs.workdir_lock import WorkdirLockedError

@@ -3,7 +3,7 @@ workdir stays absent, no tokenizer is trained, no dataset prepared."""
 import pytest
 
 import configs
-from simplified_flax.model.checks import ConfigError
+from simplified_flax.runs.config_checks import ConfigError
 from simplified_flax.runs.config_checks import validate_run_config
 from simplified_flax.train import train_and_evaluate
 
@@ -106,8 +106,8 @@ FINETUNE_RULES = [
                          ids=[",".join(o) for o, _ in FINETUNE_RULES])
 def test_each_finetune_rule_fails_before_the_output_folder_exists(overrides, expected,
                                                                   tmp_path):
-  from simplified_flax.glue import finetune as glue_finetune  # pylint: disable=g-import-not-at-top
-  finetune, finetune_defaults = glue_finetune.finetune, glue_finetune.finetune_defaults
+  from simplified_flax.glue.training import (  # pylint: disable=g-import-not-at-top
+      finetune, finetune_defaults)
   ft = finetune_defaults()
   ft.update(overrides)
   with pytest.raises(ConfigError, match=expected):

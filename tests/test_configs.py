@@ -12,7 +12,7 @@ import configs
 from conftest import DECODER_VARIANTS, ENCODER_VARIANTS, load_config, tiny_config
 from simplified_flax import params
 from simplified_flax.runs import config_checks
-from simplified_flax.model import transformer as models
+from simplified_flax.model import transformer
 
 # Trainable parameters of the authors' PyTorch code at L=18, D=768, H=12, V=50000, 1024 positions.
 AUTHORS_COUNTS = {
@@ -30,7 +30,8 @@ def test_trainable_parameter_counts_match_the_authors(variant):
   counts = params.count_parameters(config.model)
   assert abs(counts["trainable"] - AUTHORS_COUNTS[variant]) <= 1_000, counts
   # The figure the config file's docstring quotes is this code's count.
-  quoted = re.search(r"50K vocabulary: ([\d,]+)", importlib.import_module(f"configs.{variant}").__doc__)
+  quoted = re.search(r"50K vocabulary: ([\d,]+)",
+                     importlib.import_module(f"configs.{variant}").__doc__)
   assert int(quoted.group(1).replace(",", "")) == counts["trainable"]
 
 
@@ -47,7 +48,7 @@ def test_sas_p_saves_about_fifteen_percent_of_non_embedding_parameters():
 def test_every_config_and_its_cpu_form_validate(variant):
   for arg in ("", "cpu"):
     config = load_config(variant, arg)
-    config_checks.validate_config(config)
+    config_checks.validate_run_config(config)
     assert config.model.kind == ("encoder" if variant.startswith("bert") else "decoder")
   assert load_config(variant, "cpu").num_train_steps < load_config(variant).num_train_steps
 
@@ -78,7 +79,7 @@ BAD_VALUES = [
     ("attention_impl", "flash", "model.attention_impl='flash' is unknown"),
     ("context_length", 2048, "model.context_length=2048 is longer than the position table"),
     ("vocab_size", None, "model.vocab_size=None"),
-    ("n_layer", 0, "model.n_layer=0 must be a positive integer"),
+    ("n_layer", 0, "model.n_layer=0 must be an integer >= 1"),
 ]
 
 
@@ -87,42 +88,43 @@ def test_bad_model_values_name_the_field(field, value, message):
   config = tiny_config("sas")
   config.model[field] = value
   with pytest.raises(config_checks.ConfigError, match=message.replace("(", r"\(")):
-    models.build_model(config.model)
+    config_checks.validate_model_config(config.model)
 
 
 def test_structural_conflicts_name_the_field_and_fix():
   config = tiny_config("sas")          # Value/Proj reparameterised: tying is allowed
   config.model.tie_valproj_init = "all_blocks"
-  models.build_model(config.model)
+  config_checks.validate_model_config(config.model)
+  transformer.build_model(config.model)
   config = tiny_config("preln")
   config.model.tie_valproj_init = "last_block"
   with pytest.raises(config_checks.ConfigError, match="model.tie_valproj_init='last_block'.*"
                      "set both skip gains"):
-    models.build_model(config.model)
+    config_checks.validate_model_config(config.model)
   config = tiny_config("parallel")
   config.model.attn_block_skip_gain = 1.0
   with pytest.raises(config_checks.ConfigError,
                      match="model.attn_block_skip_gain=1.0 has no effect.*attn_block_skip_gain=0"):
-    models.build_model(config.model)
+    config_checks.validate_model_config(config.model)
   config = tiny_config("preln", attention_impl="fused")
   config.model.dot_norm_type = "tanh"
   with pytest.raises(config_checks.ConfigError, match="attention_impl='explicit'"):
-    models.build_model(config.model)
+    config_checks.validate_model_config(config.model)
 
 
 @pytest.mark.parametrize("field,value,message", [
     ("dtype", "float8", "dtype='float8' is unknown"),
-    ("grad_accum_steps", 3, "grad_accum_steps=3 must be >= 1 and divide batch_size=128"),
+    ("grad_accum_steps", 3, "grad_accum_steps=3 must divide batch_size=128"),
 ])
 def test_bad_training_values_name_the_field(field, value, message):
   config = load_config("sas")
   config[field] = value
   with pytest.raises(config_checks.ConfigError, match=message):
-    config_checks.validate_config(config)
+    config_checks.validate_run_config(config)
   config = load_config("sas")
   config.optimizer.schedule = "step"
   with pytest.raises(config_checks.ConfigError, match="optimizer.schedule='step' is unknown"):
-    config_checks.validate_config(config)
+    config_checks.validate_run_config(config)
 
 
 def test_params_command_prints_counts():

@@ -9,7 +9,7 @@ import pytest
 from conftest import tiny_config
 from simplified_flax.model import attention
 from simplified_flax.training import diagnostics
-from simplified_flax.model import transformer as models
+from simplified_flax.model import transformer
 
 
 def hadamard(k: int) -> np.ndarray:
@@ -35,13 +35,17 @@ def planted_kurtosis(a: float, k: int) -> float:
   return k * (a**4 + k - 1) / (a**2 + k - 1) ** 2 - 1
 
 
+def kurtosis(x):
+  return diagnostics.hidden_state_metrics(x)["kurtosis"]
+
+
 # ----------------------------------------------------------------------------- kurtosis
 
 @pytest.mark.parametrize("a", [1.0, 3.0, 20.0])
 def test_kurtosis_of_planted_outlier_feature_matches_closed_form(a):
   k = 8
   x = paired_features(hadamard(k), [a] + [1.0] * (k - 1))
-  np.testing.assert_allclose(diagnostics.kurtosis(x), planted_kurtosis(a, k), rtol=1e-5,
+  np.testing.assert_allclose(kurtosis(x), planted_kurtosis(a, k), rtol=1e-5,
                              atol=1e-6)
 
 
@@ -49,13 +53,13 @@ def test_kurtosis_ignores_per_token_offsets_and_scale():
   k = 8
   x = paired_features(hadamard(k), [5.0] + [1.0] * (k - 1))
   offsets = jnp.arange(k, dtype=jnp.float32)[None, :, None] * 7.0
-  np.testing.assert_allclose(diagnostics.kurtosis(3.0 * x + offsets), diagnostics.kurtosis(x),
+  np.testing.assert_allclose(kurtosis(3.0 * x + offsets), kurtosis(x),
                              rtol=1e-5)
 
 
 def test_kurtosis_grows_with_the_outlier():
   k = 8
-  values = [float(diagnostics.kurtosis(paired_features(hadamard(k), [a] + [1.0] * (k - 1))))
+  values = [float(kurtosis(paired_features(hadamard(k), [a] + [1.0] * (k - 1))))
             for a in (1.0, 2.0, 4.0, 8.0)]
   assert values[0] == pytest.approx(0.0, abs=1e-6)
   assert all(b > a for a, b in zip(values, values[1:]))
@@ -68,47 +72,37 @@ def test_feature_correlation_of_orthogonal_pairs():
   k = 8
   x = paired_features(hadamard(k), [1.0] * k)
   D = 2 * k
-  np.testing.assert_allclose(diagnostics.feature_correlation_rms(x), math.sqrt(1 / (D - 1)),
-                             rtol=1e-5)
+  np.testing.assert_allclose(diagnostics.hidden_state_metrics(x)["feature_corr_rms"],
+                             math.sqrt(1 / (D - 1)), rtol=1e-5)
 
 
 def test_token_correlation_orthogonal_tokens_are_zero():
-  x = paired_features(hadamard(8), [1.0] * 8)
-  result = diagnostics.token_correlation(x)
-  np.testing.assert_allclose(result["mean"], 0.0, atol=1e-6)
-  np.testing.assert_allclose(result["rms"], 0.0, atol=1e-3)   # sqrt of round-off
+  result = diagnostics.hidden_state_metrics(paired_features(hadamard(8), [1.0] * 8))
+  np.testing.assert_allclose(result["token_corr_mean"], 0.0, atol=1e-6)
+  np.testing.assert_allclose(result["token_corr_rms"], 0.0, atol=1e-3)   # sqrt of round-off
 
 
 def test_token_correlation_identical_tokens_are_one():
-  x = paired_features(np.ones((6, 4)), [1.0, 2.0, 3.0, 4.0])
-  result = diagnostics.token_correlation(x)
-  np.testing.assert_allclose(result["mean"], 1.0, rtol=1e-5)
-  np.testing.assert_allclose(result["rms"], 1.0, rtol=1e-5)
+  result = diagnostics.hidden_state_metrics(paired_features(np.ones((6, 4)), [1.0, 2.0, 3.0, 4.0]))
+  np.testing.assert_allclose(result["token_corr_mean"], 1.0, rtol=1e-5)
+  np.testing.assert_allclose(result["token_corr_rms"], 1.0, rtol=1e-5)
 
 
 def test_token_correlation_matches_the_explicit_gram_matrix():
   x = jax.random.normal(jax.random.key(0), (2, 5, 12)) + 0.5
-  z = np.asarray(diagnostics.normalised_features(x), np.float64)
+  z = np.asarray(diagnostics.normalised_features(x)[0], np.float64)
   G = z @ z.T / z.shape[1]
   off = G[~np.eye(G.shape[0], dtype=bool)]
-  result = diagnostics.token_correlation(x)
-  np.testing.assert_allclose(result["mean"], off.mean(), rtol=1e-4, atol=1e-6)
-  np.testing.assert_allclose(result["rms"], np.sqrt(np.mean(off**2)), rtol=1e-4)
+  result = diagnostics.hidden_state_metrics(x)
+  np.testing.assert_allclose(result["token_corr_mean"], off.mean(), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(result["token_corr_rms"], np.sqrt(np.mean(off**2)), rtol=1e-4)
 
 
 def test_max_median_ratio_of_one_spike_per_token():
   x = jnp.ones((2, 3, 9)).at[:, :, 4].set(-10.0)
-  np.testing.assert_allclose(diagnostics.max_median_ratio(x), 10.0, rtol=1e-6)
-
-
-def test_hidden_state_metrics_agree_with_the_single_functions():
-  x = jax.random.normal(jax.random.key(1), (2, 8, 16)) * jnp.linspace(0.5, 3.0, 16)
   metrics = diagnostics.hidden_state_metrics(x)
-  np.testing.assert_allclose(metrics["kurtosis"], diagnostics.kurtosis(x), rtol=1e-5)
-  np.testing.assert_allclose(metrics["feature_corr_rms"],
-                             diagnostics.feature_correlation_rms(x), rtol=1e-5)
-  np.testing.assert_allclose(metrics["token_corr_rms"], diagnostics.token_correlation(x)["rms"],
-                             rtol=1e-5)
+  np.testing.assert_allclose(metrics["max_median_ratio"], 10.0, rtol=1e-6)
+  np.testing.assert_allclose(metrics["hidden_rms"], np.std(np.asarray(x)[0, 0]), rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------- attention
@@ -147,7 +141,7 @@ def test_gain_metrics_names_and_values():
 
 def sas_intermediates(impl="explicit"):
   config = tiny_config("sas", attention_impl=impl)
-  model = models.build_model(config.model)
+  model = transformer.build_model(config.model)
   tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, 61)
   variables = model.init(jax.random.key(0), tokens)
   _, state = model.apply(variables, tokens, mutable=["intermediates"])
@@ -177,12 +171,3 @@ def test_collect_on_fused_attention_skips_only_the_entropy():
   assert not any(name.startswith("attn_entropy/") for name in metrics)
   assert "kurtosis/layer_1" in metrics
 
-
-def test_collect_if_runs_only_when_asked():
-  _, intermediates, params = sas_intermediates()
-  run = jax.jit(diagnostics.collect_if)
-  on, off = run(True, intermediates, params), run(False, intermediates, params)
-  assert set(on) == set(off)
-  assert all(float(v) == 0.0 for v in off.values())
-  np.testing.assert_allclose(on["kurtosis/layer_0"], diagnostics.collect(
-      intermediates, params)["kurtosis/layer_0"], rtol=1e-6)

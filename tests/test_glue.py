@@ -12,12 +12,12 @@ import tensorflow_datasets as tfds
 
 from conftest import tiny_config
 from simplified_flax import train
-from simplified_flax.glue import finetune
+from simplified_flax.glue import training
 from simplified_flax.runs import checkpoints
 from simplified_flax.glue import classifier
-from simplified_flax.glue import tasks as glue
+from simplified_flax.glue import tasks
 from simplified_flax.data import ByteTokenizer, CheckpointableIterator, mlm
-from simplified_flax.training.evaluation import CONFIG_FILE
+from simplified_flax.config_files import CONFIG_FILE
 from simplified_flax.model.transformer import build_model
 
 T = 32
@@ -39,30 +39,30 @@ def ids(text):
 # Tasks, encoding, batches, scores.
 # ------------------------------------------------------------------------------------------
 def test_task_table():
-  assert glue.get_task("glue/sst2") is glue.get_task("sst2")
-  assert glue.get_task("stsb").is_regression and glue.get_task("mnli").num_labels == 3
-  assert glue.get_task("mnli").eval_splits == ("validation_matched", "validation_mismatched")
+  assert tasks.get_task("glue/sst2") is tasks.get_task("sst2")
+  assert tasks.get_task("stsb").is_regression and tasks.get_task("mnli").num_labels == 3
+  assert tasks.get_task("mnli").eval_splits == ("validation_matched", "validation_mismatched")
   with pytest.raises(ValueError, match="not a GLUE task"):
-    glue.get_task("squad")
+    tasks.get_task("squad")
 
 
 def test_truncation_removes_from_the_longest_text_first():
-  assert glue.truncate_longest_first([5, 3], 6) == [3, 3]
-  assert glue.truncate_longest_first([2, 7], 6) == [2, 4]
-  assert glue.truncate_longest_first([4, 4], 5) == [2, 3]   # ties: the first text gives way
-  assert glue.truncate_longest_first([1, 2], 6) == [1, 2]
+  assert tasks.truncate_longest_first([5, 3], 6) == [3, 3]
+  assert tasks.truncate_longest_first([2, 7], 6) == [2, 4]
+  assert tasks.truncate_longest_first([4, 4], 5) == [2, 3]   # ties: the first text gives way
+  assert tasks.truncate_longest_first([1, 2], 6) == [1, 2]
 
 
 def test_pairs_are_joined_by_eod_and_truncated():
-  np.testing.assert_array_equal(glue.encode_texts(TOK, ["ab", "c"], 8),
+  np.testing.assert_array_equal(tasks.encode_texts(TOK, ["ab", "c"], 8),
                                 ids("ab") + [TOK.eod_id] + ids("c"))
-  np.testing.assert_array_equal(glue.encode_texts(TOK, ["abcdef", "xy"], 6),
+  np.testing.assert_array_equal(tasks.encode_texts(TOK, ["abcdef", "xy"], 6),
                                 ids("abc") + [TOK.eod_id] + ids("xy"))
-  np.testing.assert_array_equal(glue.encode_texts(TOK, ["abcdef"], 4), ids("abcd"))
+  np.testing.assert_array_equal(tasks.encode_texts(TOK, ["abcdef"], 4), ids("abcd"))
 
 
 def test_examples_are_right_padded_with_a_key_mask():
-  split = glue.encode_examples(TOK, glue.get_task("stsb"),
+  split = tasks.encode_examples(TOK, tasks.get_task("stsb"),
                                {"sentence1": ["ab", "a"], "sentence2": ["c", ""]}, [0.5, 4.0], 6)
   np.testing.assert_array_equal(split.inputs_NT[1], ids("a") + [TOK.eod_id] + [TOK.pad_id] * 4)
   np.testing.assert_array_equal(split.key_mask_NT.sum(axis=1), [4, 2])
@@ -70,10 +70,10 @@ def test_examples_are_right_padded_with_a_key_mask():
 
 
 def test_batches_cover_every_example_once_and_weight_padding_zero():
-  split = glue.encode_examples(TOK, glue.get_task("sst2"),
+  split = tasks.encode_examples(TOK, tasks.get_task("sst2"),
                                {"sentence": [str(i) for i in range(5)]}, [0, 1, 0, 1, 1], 4)
-  got = list(glue.batches(split, 2, rng=np.random.default_rng(0)))
-  assert len(got) == glue.num_batches(5, 2) == 3
+  got = list(tasks.batches(split, 2, rng=np.random.default_rng(0)))
+  assert len(got) == tasks.num_batches(5, 2) == 3
   assert all(b["inputs"].shape == (2, 4) for b in got)
   np.testing.assert_array_equal(np.concatenate([b["weights"] for b in got]), [1, 1, 1, 1, 1, 0])
   real = np.concatenate([b["inputs"][b["weights"] > 0, 0] for b in got])
@@ -81,10 +81,10 @@ def test_batches_cover_every_example_once_and_weight_padding_zero():
 
 
 def test_scores_average_metrics_and_leave_out_wnli():
-  assert glue.task_score({"validation": {"f1": 0.8, "accuracy": 0.7}}) == pytest.approx(75.0)
-  assert glue.task_score({"validation_matched": {"accuracy": 0.8},
+  assert tasks.task_score({"validation": {"f1": 0.8, "accuracy": 0.7}}) == pytest.approx(75.0)
+  assert tasks.task_score({"validation_matched": {"accuracy": 0.8},
                           "validation_mismatched": {"accuracy": 0.6}}) == pytest.approx(70.0)
-  assert glue.glue_average({"sst2": 90.0, "cola": 50.0, "wnli": 0.0}) == pytest.approx(70.0)
+  assert tasks.glue_average({"sst2": 90.0, "cola": 50.0, "wnli": 0.0}) == pytest.approx(70.0)
 
 
 # ------------------------------------------------------------------------------------------
@@ -165,7 +165,7 @@ def pretrained(tmp_path_factory):
 
 
 def quick_recipe(**overrides):
-  ft = finetune.finetune_defaults()
+  ft = training.finetune_defaults()
   ft.epochs, ft.batch_size, ft.eval_batch_size, ft.log_every_steps = 2, 8, 16, 1
   ft.update(overrides)
   return ft
@@ -202,7 +202,7 @@ def test_a_config_with_other_shapes_is_refused_naming_the_field(pretrained):
 def test_finetuning_end_to_end_under_mock_glue(pretrained, tmp_path, task, metrics):
   workdir, _ = pretrained
   with tfds.testing.mock_data(num_examples=20):
-    result = finetune.finetune(workdir, task, str(tmp_path), ft=quick_recipe())
+    result = training.finetune(workdir, task, str(tmp_path), ft=quick_recipe())
   assert result["pretrained_step"] == 2 and result["steps"] == 2 * 3
   for split_metrics in result["metrics"].values():
     assert all(np.isfinite(v) and -1.0 <= v <= 1.0 for v in split_metrics.values())
@@ -210,7 +210,7 @@ def test_finetuning_end_to_end_under_mock_glue(pretrained, tmp_path, task, metri
   epoch_rows = [r for r in rows if "epoch" in r]
   assert [r["epoch"] for r in epoch_rows] == [1.0, 2.0] and metrics <= set(epoch_rows[-1])
   assert all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
-  assert json.load(open(tmp_path / finetune.RESULT_FILE))["score"] == pytest.approx(
+  assert json.load(open(tmp_path / training.RESULT_FILE))["score"] == pytest.approx(
       result["score"])
 
 
@@ -232,4 +232,4 @@ def test_a_diverging_no_norm_encoder_stops_with_the_training_loop_error(tmp_path
   recipe = quick_recipe(learning_rate=1e6, warmup_fraction=0.0)
   with tfds.testing.mock_data(num_examples=20):
     with pytest.raises(train.NonFiniteLossError, match="Non-finite loss at fine-tuning step"):
-      finetune.finetune(str(tmp_path / "pretrained"), "sst2", str(tmp_path / "ft"), ft=recipe)
+      training.finetune(str(tmp_path / "pretrained"), "sst2", str(tmp_path / "ft"), ft=recipe)

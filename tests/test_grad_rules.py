@@ -1,5 +1,7 @@
 """`model.grad_rules`: the speed-only gradient rules give autodiff's gradients, and "off" is
 plain autodiff."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,9 +9,10 @@ import optax
 import pytest
 
 from conftest import tiny_config
-from simplified_flax.model import checks
+from simplified_flax.model import attention
 from simplified_flax.model import grad_rules
 from simplified_flax.model import transformer
+from simplified_flax.runs import config_checks
 
 
 def _loss_and_jaxpr(variant: str, mode: str):
@@ -38,9 +41,32 @@ def test_rules_on_and_off_give_the_same_gradients(variant):
     np.testing.assert_allclose(on, off, rtol=1e-4, atol=1e-6)
 
 
-def test_auto_follows_the_backend_and_a_bad_mode_is_refused():
-  assert grad_rules.enabled("auto") == (jax.default_backend() == "cpu")
-  assert grad_rules.enabled("on") and not grad_rules.enabled("off")
-  with pytest.raises(checks.ConfigError, match=r"model.grad_rules='fast' is unknown"):
-    checks.validate_model_config(tiny_config("preln", grad_rules="fast").model)
-  assert grad_rules.matmul("off") is jnp.dot
+def test_the_mode_is_chosen_by_context_and_a_bad_mode_is_refused():
+  assert grad_rules.enabled() == (jax.default_backend() == "cpu")   # "auto" outside a model
+  with grad_rules.chosen("on"):
+    assert grad_rules.enabled()
+    with grad_rules.chosen("off"):
+      assert not grad_rules.enabled()
+    assert grad_rules.enabled()
+  with pytest.raises(config_checks.ConfigError, match=r"model.grad_rules='fast' is unknown"):
+    config_checks.validate_model_config(tiny_config("preln", grad_rules="fast").model)
+
+
+def test_the_gain_rule_takes_any_number_of_terms():
+  """A new shaping term (a per-head gain times a fixed matrix) needs no change here."""
+  keys = jax.random.split(jax.random.key(0), 5)
+  logits_BHQK = jax.random.normal(keys[0], (2, 3, 4, 4))
+  gains = [jax.random.normal(k, (3,)) for k in keys[1:4]]
+  matrices = [jnp.eye(4), jnp.tril(jnp.ones((4, 4))) / 4, jax.random.normal(keys[4], (4, 4))]
+  fast = grad_rules.fast_gain_gradients(attention.shape_attention_matrix)
+
+  def loss(shape, logits_BHQK, resid_H, gains):
+    shaped_BHQK, probs_BHQK = shape(logits_BHQK, resid_H, list(zip(gains, matrices)))
+    return jnp.sum(jnp.sin(shaped_BHQK)) + jnp.sum(jnp.cos(probs_BHQK))
+
+  args = (logits_BHQK, jnp.ones(3), gains)
+  got = jax.grad(functools.partial(loss, fast), argnums=(0, 1, 2))(*args)
+  want = jax.grad(functools.partial(loss, attention.shape_attention_matrix), argnums=(0, 1, 2))(
+      *args)
+  for g_got, g_want in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g_got, g_want, rtol=1e-5, atol=1e-6)

@@ -1,4 +1,5 @@
-"""Layers whose gradients are hand-written for speed keep nn.Dense's values and gradients."""
+"""The linear layers, whose gradients are hand-written for speed under `model.grad_rules`, keep
+plain nn.Dense's values and gradients."""
 import flax.linen as nn
 import jax
 import jax.flatten_util
@@ -6,13 +7,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from simplified_flax.model import grad_rules
 from simplified_flax.model import layers
 
 
 @pytest.mark.parametrize("use_bias", [False, True])
 def test_linear_matches_nn_dense_params_values_and_gradients(use_bias):
+  with grad_rules.chosen("on"):
+    _check_linear_matches_nn_dense(use_bias)
+
+
+def _check_linear_matches_nn_dense(use_bias):
   x_BTD = jax.random.normal(jax.random.key(0), (2, 5, 8))
-  ours = layers.Linear(12, use_bias=use_bias, grad_rules="on")
+  ours = layers.dense(12, jnp.float32, "ours", use_bias=use_bias)
   theirs = nn.Dense(12, use_bias=use_bias, kernel_init=layers.normal_init(layers.PLAIN_STD))
   params = ours.init(jax.random.key(1), x_BTD)
   assert jax.tree.map(jnp.shape, params) == jax.tree.map(
@@ -37,10 +44,11 @@ def test_linear_matches_nn_dense_params_values_and_gradients(use_bias):
 
 def test_linear_in_bfloat16_keeps_float32_kernel_gradients():
   x_BTD = jax.random.normal(jax.random.key(0), (2, 5, 8))
-  module = layers.Linear(4, dtype=jnp.bfloat16, grad_rules="on")
+  module = layers.dense(4, jnp.bfloat16, "ours")
   params = module.init(jax.random.key(1), x_BTD)
-  assert module.apply(params, x_BTD).dtype == jnp.bfloat16
-  grads = jax.grad(lambda p: jnp.sum(module.apply(p, x_BTD).astype(jnp.float32)))(params)
+  with grad_rules.chosen("on"):
+    assert module.apply(params, x_BTD).dtype == jnp.bfloat16
+    grads = jax.grad(lambda p: jnp.sum(module.apply(p, x_BTD).astype(jnp.float32)))(params)
   assert grads["params"]["kernel"].dtype == jnp.float32
   np.testing.assert_allclose(grads["params"]["kernel"],
                              jnp.broadcast_to(x_BTD.sum((0, 1))[:, None], (8, 4)), rtol=2e-2)

@@ -20,6 +20,7 @@ CHILD = textwrap.dedent('''
     import jax, numpy as np
     import configs
     from simplified_flax import benchmark, evaluate, prepare, sample, train  # entry points
+    import experiments.benchmark   # noqa: F401  (the benchmark's timing core)
     import simplified_flax.data   # noqa: F401  (tf and tfds only inside the tfds corpus reader)
     from simplified_flax.model import decode                   # noqa: F401
     from simplified_flax.runs import checkpoints, metrics_io

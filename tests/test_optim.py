@@ -1,4 +1,5 @@
-"""Optimiser: schedules, the weight-decay mask (on real model trees), AdamW, clipping, accumulation."""
+"""Optimiser: schedules, the weight-decay mask on real model trees, AdamW, Muon, clipping,
+accumulation."""
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from simplified_flax.training import optimizer as optim
+from simplified_flax.training import optimizer
 from simplified_flax.model.transformer import build_model
 
 
@@ -19,7 +20,7 @@ def _opt(**overrides):
 
 
 def _lr(opt, total, steps):
-  schedule = optim.make_schedule(opt, total)
+  schedule = optimizer.make_schedule(opt, total)
   return np.array([float(schedule(s)) for s in steps])
 
 
@@ -27,9 +28,9 @@ def _lr(opt, total, steps):
 # Schedules.
 # ------------------------------------------------------------------------------------------
 def test_warmup_steps_from_fraction_or_explicit():
-  assert optim.warmup_steps(_opt(), 1000) == 50          # the paper's 5%
-  assert optim.warmup_steps(_opt(warmup_steps=7), 1000) == 7
-  assert optim.warmup_steps(_opt(warmup_fraction=0.0), 1000) == 0
+  assert optimizer.warmup_steps(_opt(), 1000) == 50          # the paper's 5%
+  assert optimizer.warmup_steps(_opt(warmup_steps=7), 1000) == 7
+  assert optimizer.warmup_steps(_opt(warmup_fraction=0.0), 1000) == 0
 
 
 def test_linear_schedule_warms_up_then_decays_to_zero():
@@ -50,7 +51,7 @@ def test_cosine_rsqrt_constant_schedules():
 
 def test_unknown_schedule_is_an_error():
   with pytest.raises(ValueError, match="optimizer.schedule"):
-    optim.make_schedule(_opt(schedule="step"), 10)
+    optimizer.make_schedule(_opt(schedule="step"), 10)
 
 
 # ------------------------------------------------------------------------------------------
@@ -64,7 +65,7 @@ def _params(variant):
 
 
 def _decayed(params):
-  flat = jax.tree_util.tree_leaves_with_path(optim.decay_mask(params))
+  flat = jax.tree_util.tree_leaves_with_path(optimizer.decay_mask(params))
   return {"/".join(k.key for k in path): bool(v) for path, v in flat}
 
 
@@ -92,13 +93,13 @@ def test_decay_mask_spares_gains_and_norms_of_sas():
 
 def test_decay_mask_rejects_unknown_leaf_names():
   with pytest.raises(ValueError, match="blk/w"):
-    optim.decay_mask({"blk": {"w": jnp.zeros(3)}})
+    optimizer.decay_mask({"blk": {"w": jnp.zeros(3)}})
 
 
 def test_adamw_decays_only_masked_leaves():
   config = ml_collections.ConfigDict(dict(num_train_steps=10, optimizer=_opt(
       schedule="constant", warmup_steps=0, learning_rate=0.5, weight_decay=0.1)))
-  tx = optim.make_optimizer(config)
+  tx = optimizer.make_optimizer(config)
   params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}, "g_gain": jnp.ones(())}
   zeros = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zeros, tx.init(params), params)
@@ -110,7 +111,7 @@ def test_adamw_decays_only_masked_leaves():
 def test_gradients_are_clipped_to_the_global_norm():
   config = ml_collections.ConfigDict(dict(num_train_steps=10, optimizer=_opt(
       schedule="constant", warmup_steps=0, grad_clip_norm=1.0, weight_decay=0.0)))
-  tx = optim.make_optimizer(config)
+  tx = optimizer.make_optimizer(config)
   params = {"kernel": jnp.zeros(4)}
   grads = {"kernel": jnp.array([30.0, 40.0, 0.0, 0.0])}      # norm 50
   _, state = tx.update(grads, tx.init(params), params)
@@ -124,12 +125,12 @@ def test_gradients_are_clipped_to_the_global_norm():
 # ------------------------------------------------------------------------------------------
 def test_micro_batches_are_strided():
   batch = {"inputs": jnp.arange(8)[:, None] * jnp.ones((1, 3), jnp.int32)}
-  parts = optim.micro_batches(batch, 2)["inputs"]
+  parts = optimizer.micro_batches(batch, 2)["inputs"]
   assert parts.shape == (2, 4, 3)
   np.testing.assert_array_equal(parts[0, :, 0], [0, 2, 4, 6])
   np.testing.assert_array_equal(parts[1, :, 0], [1, 3, 5, 7])
   with pytest.raises(ValueError, match="grad_accum_steps=3"):
-    optim.micro_batches(batch, 3)
+    optimizer.micro_batches(batch, 3)
 
 
 def test_accumulated_gradient_sums_equal_the_whole_batch():
@@ -145,7 +146,7 @@ def test_accumulated_gradient_sums_equal_the_whole_batch():
            "y": jnp.asarray(rng.normal(size=(12,)), jnp.float32)}
   whole_grads, whole_sums = sum_grad_fn(w, batch, 0)
   for k in (2, 3, 4):
-    grads, sums = jax.jit(optim.accumulate_gradients, static_argnums=(0, 3))(
+    grads, sums = jax.jit(optimizer.accumulate_gradients, static_argnums=(0, 3))(
         sum_grad_fn, w, batch, k)
     np.testing.assert_allclose(grads, whole_grads, rtol=1e-5)
     assert float(sums["n"]) == float(whole_sums["n"]) == 12
@@ -165,7 +166,7 @@ MUON_PARAMS = {"dense": {"kernel": jnp.ones((8, 16)), "bias": jnp.ones(16)},
 
 
 def test_muon_decays_the_same_leaves_as_adamw():
-  tx = optim.make_optimizer(_muon_config(weight_decay=0.1, grad_clip_norm=0.0))
+  tx = optimizer.make_optimizer(_muon_config(weight_decay=0.1, grad_clip_norm=0.0))
   zeros = jax.tree.map(jnp.zeros_like, MUON_PARAMS)
   updates, _ = tx.update(zeros, tx.init(MUON_PARAMS), MUON_PARAMS)
   np.testing.assert_allclose(updates["dense"]["kernel"], -0.5 * 0.1 * np.ones((8, 16)))
@@ -175,7 +176,7 @@ def test_muon_decays_the_same_leaves_as_adamw():
 
 
 def test_muon_orthogonalises_kernels_and_leaves_the_rest_to_adam():
-  tx = optim.make_optimizer(_muon_config(weight_decay=0.0, grad_clip_norm=0.0))
+  tx = optimizer.make_optimizer(_muon_config(weight_decay=0.0, grad_clip_norm=0.0))
   keys = iter(jax.random.split(jax.random.PRNGKey(0), 4))
   grads = jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape), MUON_PARAMS)
   updates, _ = tx.update(grads, tx.init(MUON_PARAMS), MUON_PARAMS)
@@ -188,8 +189,8 @@ def test_muon_orthogonalises_kernels_and_leaves_the_rest_to_adam():
   # Adam's first step is lr * sign(g) (up to eps) on every other leaf.
   np.testing.assert_allclose(updates["wte"]["embedding"],
                              -0.5 * np.sign(grads["wte"]["embedding"]), rtol=1e-4)
-  assert optim.muon_matrix(("h_0", "mlp", "c_fc", "kernel"), jnp.zeros((2, 3, 4)))  # stacked
-  assert not optim.muon_matrix(("wte", "embedding"), jnp.zeros((3, 4)))
+  assert optimizer.muon_matrix(("h_0", "mlp", "c_fc", "kernel"), jnp.zeros((2, 3, 4)))  # stacked
+  assert not optimizer.muon_matrix(("wte", "embedding"), jnp.zeros((3, 4)))
 
 
 def test_unknown_optimizer_is_a_config_error_naming_the_choices():
@@ -198,7 +199,12 @@ def test_unknown_optimizer_is_a_config_error_naming_the_choices():
   config.optimizer.name = "sgd"
   with pytest.raises(config_checks.ConfigError,
                      match=r"optimizer.name='sgd' is unknown: use one of \['adamw', 'muon'\]"):
-    config_checks.validate_config(config)
+    config_checks.validate_run_config(config)
   with pytest.raises(ValueError, match="optimizer.name='sgd' is unknown"):
-    optim.make_optimizer(config)
-  assert optim.optimizer_name(ml_collections.ConfigDict({})) == "adamw"   # older configs
+    optimizer.make_optimizer(config)
+  del config.optimizer.name   # configs saved before the field existed get AdamW
+  adamw = tiny_config("preln")
+  adamw.optimizer.name = "adamw"
+  params = {"h": {"kernel": jnp.zeros((2, 2))}}
+  assert (jax.tree.structure(optimizer.make_optimizer(config).init(params))
+          == jax.tree.structure(optimizer.make_optimizer(adamw).init(params)))

@@ -7,21 +7,22 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+import configs
 from simplified_flax.data.iterator import CheckpointableIterator
 from simplified_flax.data.prefetch import Prefetcher
-from simplified_flax.model.checks import ConfigError
 from simplified_flax.runs import distributed
-from simplified_flax.training import placement as parallel
+from simplified_flax.runs.config_checks import ConfigError, validate_run_config
+from simplified_flax.training import placement
 
 
 def test_fsdp_spec_shards_the_largest_divisible_dimension_of_large_leaves():
-  big = parallel.MIN_FSDP_SHARD_SIZE
-  assert parallel.fsdp_spec((256, 128), 1) == P()
-  assert parallel.fsdp_spec((128, 256), 2) == P(None, "fsdp")
-  assert parallel.fsdp_spec((259, 128), 2) == P(None, "fsdp")   # 259 is odd
-  assert parallel.fsdp_spec((big * 2,), 4) == P("fsdp")
-  assert parallel.fsdp_spec((257, 129), 2) == P()                # nothing divides
-  assert parallel.fsdp_spec((768,), 2) == P()                    # small: replicated
+  big = placement.MIN_FSDP_SHARD_SIZE
+  assert placement.fsdp_spec((256, 128), 1) == P()
+  assert placement.fsdp_spec((128, 256), 2) == P(None, "fsdp")
+  assert placement.fsdp_spec((259, 128), 2) == P(None, "fsdp")   # 259 is odd
+  assert placement.fsdp_spec((big * 2,), 4) == P("fsdp")
+  assert placement.fsdp_spec((257, 129), 2) == P()                # nothing divides
+  assert placement.fsdp_spec((768,), 2) == P()                    # small: replicated
 
 
 def _config(mode="jit", fsdp=1, batch_size=8):
@@ -29,34 +30,34 @@ def _config(mode="jit", fsdp=1, batch_size=8):
                                     "parallel": {"mode": mode, "fsdp": fsdp}})
 
 
-def test_placement_rejects_bad_settings():
+def test_bad_parallel_settings_fail_the_config_check_before_a_placement_is_built():
+  def check(overrides, device_count=1):
+    validate_run_config(configs.load("preln:cpu", overrides), device_count)
   with pytest.raises(ConfigError, match="parallel.fsdp=2 shards parameters only under"):
-    parallel.Placement.from_config(_config("pmap", 2))
+    check({"parallel.mode": "pmap", "parallel.fsdp": 2})
   with pytest.raises(ConfigError, match="parallel.mode='spmd'"):
-    parallel.Placement.from_config(_config("spmd"))
-  with pytest.raises(ValueError, match="parallel.fsdp=3"):
-    parallel.make_mesh(3)
-
-
-def test_placement_refuses_a_batch_that_does_not_split_over_the_devices(monkeypatch):
-  monkeypatch.setattr(parallel.jax, "device_count", lambda: 2)
+    check({"parallel.mode": "spmd"})
   with pytest.raises(ConfigError, match="batch_size=9 does not split over the 2 devices"):
-    parallel.Placement.from_config(_config("pmap", batch_size=9))
+    check({"parallel.mode": "pmap", "batch_size": 9}, device_count=2)
+  with pytest.raises(ConfigError, match="parallel.fsdp=4 must divide the 2 devices"):
+    check({"parallel.fsdp": 4}, device_count=2)
+  with pytest.raises(ValueError, match="parallel.fsdp=3"):
+    placement.make_mesh(3)
 
 
 def test_pmap_batches_gain_a_device_axis():
-  placement = parallel.Placement.from_config(_config("pmap"))
-  placed = placement.place_batch({"inputs": np.zeros((8, 16), np.int32)})
+  chosen = placement.Placement.from_config(_config("pmap"))
+  placed = chosen.place_batch({"inputs": np.zeros((8, 16), np.int32)})
   assert placed["inputs"].shape == (1, 8, 16)      # one local CPU device here
-  assert placement.axis_name == parallel.PMAP_AXIS
-  assert placement.mode == "pmap" and placement.mesh is None
+  assert chosen.axis_name == placement.PMAP_AXIS
+  assert chosen.mode == "pmap" and chosen.mesh is None
 
 
 def test_jit_batches_are_global_arrays():
-  placement = parallel.Placement.from_config(_config("jit"))
-  placed = placement.place_batch({"inputs": np.arange(8 * 4).reshape(8, 4)})
-  assert placed["inputs"].shape == (8, 4) and placement.axis_name is None
-  assert placement.mode == "jit" and placement.mesh is not None
+  chosen = placement.Placement.from_config(_config("jit"))
+  placed = chosen.place_batch({"inputs": np.arange(8 * 4).reshape(8, 4)})
+  assert placed["inputs"].shape == (8, 4) and chosen.axis_name is None
+  assert chosen.mode == "jit" and chosen.mesh is not None
   np.testing.assert_array_equal(placed["inputs"], np.arange(32).reshape(8, 4))
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simplified_flax.model.checks import ConfigError
+from simplified_flax.runs.config_checks import ConfigError
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import metrics_io
 from simplified_flax.runs import rewind

@@ -11,7 +11,8 @@ from simplified_flax import sample
 from simplified_flax.runs import checkpoints
 from simplified_flax.model import decode
 from simplified_flax.data.tokenizers import ByteTokenizer
-from simplified_flax.training.evaluation import CONFIG_FILE, load_config, restore_read_only
+from simplified_flax.config_files import CONFIG_FILE
+from simplified_flax.training.evaluation import load_config, restore_read_only
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training.step import create_train_state
 

@@ -94,11 +94,12 @@ def test_gradient_accumulation_equals_one_big_batch(preln):
 
 def test_packed_rows_are_not_scored_across_documents():
   segment_ids = jnp.array([[1, 1, 1, 2, 2, 0, 0]])
-  weights = losses.next_token_weights_BT(segment_ids, segment_ids.shape)
-  np.testing.assert_array_equal(weights, [[1, 1, 0, 1, 0, 0]])
   logits = jax.random.normal(jax.random.PRNGKey(0), (1, 7, 5))
   inputs = jnp.array([[1, 2, 3, 4, 0, 0, 0]])
-  sums = losses.next_token_sums(logits, inputs, segment_ids)
+  _, weights = losses.targets_and_weights_BT({"inputs": inputs, "segment_ids": segment_ids},
+                                             "decoder")
+  np.testing.assert_array_equal(weights, [[1, 1, 0, 1, 0, 0, 0]])
+  sums = losses.loss_sums(logits, {"inputs": inputs, "segment_ids": segment_ids}, "decoder")
   ce = losses.cross_entropy_BT(logits[:, :-1], inputs[:, 1:])
   assert float(sums["weight_sum"]) == 3
   np.testing.assert_allclose(float(sums["loss_sum"]), float(ce[0, 0] + ce[0, 1] + ce[0, 3]),

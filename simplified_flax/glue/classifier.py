@@ -5,11 +5,10 @@
     encoder_params, encoder_constants, step = load_pretrained_encoder(workdir, config)
     state = with_pretrained_encoder(state, encoder_params, encoder_constants)
 
-The encoder is the MLM model itself (a submodule named "encoder", so its parameters and fixed
-anchors keep their pretraining tree and load unchanged), called with `return_hidden=True`:
-it returns its final LayerNorm output instead of MLM logits. The head mean-pools that over
-the real tokens (`key_mask`), then pooler Dense(D) + tanh, dropout, Dense(O): O = number of
-classes, or 1 for regression.
+The encoder is the MLM model itself (submodule "encoder": its parameters and anchors keep their
+pretraining tree), returning its final hidden states (`return_hidden=True`). The head
+mean-pools them over the real tokens (`key_mask`), then pooler Dense(D) + tanh, dropout,
+Dense(O): O = number of classes, or 1 for regression.
 """
 from typing import Any
 
@@ -62,9 +61,6 @@ class Classifier(nn.Module):
         x_BTD, key_mask, train=train)
 
 
-# ------------------------------------------------------------------------------------------
-# Task losses and predictions (O = 1 means regression).
-# ------------------------------------------------------------------------------------------
 def task_loss_B(outputs_BO: jax.Array, labels_B: jax.Array, regression: bool) -> jax.Array:
   """float32[B]: squared error (regression) or softmax cross-entropy (classification)."""
   if regression:
@@ -78,24 +74,16 @@ def predictions_B(outputs_BO: jax.Array, regression: bool) -> jax.Array:
   return outputs_BO[:, 0] if regression else jnp.argmax(outputs_BO, axis=-1)
 
 
-# ------------------------------------------------------------------------------------------
-# Pretrained weights.
-# ------------------------------------------------------------------------------------------
 def load_pretrained_encoder(workdir: str, config) -> tuple[Any, Any, int]:
-  """(params, constants, step) of the latest good checkpoint of a training run in `workdir`.
-
-  `config` is the pretraining config (model shapes, optimiser); a checkpoint whose config
-  changes parameter shapes raises checkpoint.IncompatibleCheckpointError naming the fields.
-  """
+  """(params, constants, step) of the latest good checkpoint of a training run in `workdir`;
+  a pretraining `config` with other parameter shapes raises IncompatibleCheckpointError."""
   restored = restore_read_only(workdir, config)   # never edits the source run
   return restored.state.params, restored.state.constants, restored.step
 
 
 def with_pretrained_encoder(state, encoder_params, encoder_constants):
-  """`state` (of a Classifier) with its encoder's params and constants replaced.
-
-  The optimiser state is re-initialised: fine-tuning starts from fresh AdamW moments.
-  """
+  """`state` (of a Classifier) with its encoder's params and constants replaced, and a fresh
+  optimiser state."""
   params = {**state.params, "encoder": encoder_params}
   constants = {name: {**tree, "encoder": encoder_constants[name]}
                for name, tree in state.constants.items()}

@@ -1,18 +1,14 @@
-"""GLUE task metrics as pure numpy functions of (predictions, labels).
-
-    accuracy(pred_N, label_N)           fraction equal
-    f1(pred_N, label_N)                 F1 of the positive class 1 (MRPC, QQP)
-    matthews_corr(pred_N, label_N)      Matthews correlation, multi-class form (CoLA)
-    pearson(pred_N, label_N)            Pearson correlation (STS-B)
-    spearman(pred_N, label_N)           Pearson correlation of average ranks (STS-B)
+"""GLUE task metrics as pure numpy functions of (predictions [N], labels [N]): accuracy, F1 of
+class 1 (MRPC, QQP), Matthews correlation (CoLA), Pearson and Spearman correlation (STS-B).
 
 Degenerate inputs (a constant vector, no positive predictions or labels) give 0.0 instead of
-NaN, the convention of the GLUE scripts (scikit-learn / scipy would warn and return 0 or NaN):
-an untrained classifier that predicts one class must still produce a finite score.
+NaN, the convention of the GLUE scripts: an untrained classifier that predicts one class must
+still produce a finite score.
 """
 from typing import Callable
 
 import numpy as np
+from scipy import stats
 
 
 def accuracy(pred_N, label_N) -> float:
@@ -31,11 +27,9 @@ def f1(pred_N, label_N, positive: int = 1) -> float:
 
 
 def matthews_corr(pred_N, label_N) -> float:
-  """(c s - sum_k p_k t_k) / sqrt((s^2 - sum p_k^2)(s^2 - sum t_k^2)) over the confusion matrix.
-
-  c: correct, s: samples, p_k / t_k: times class k is predicted / true. For two classes this
-  is (TP TN - FP FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)).
-  """
+  """(c s - sum_k p_k t_k) / sqrt((s^2 - sum p_k^2)(s^2 - sum t_k^2)) over the confusion matrix
+  (c: correct, s: samples, p_k / t_k: times class k is predicted / true); for two classes
+  (TP TN - FP FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN))."""
   pred_N, label_N = _pair(pred_N, label_N)
   classes, inverse = np.unique(np.concatenate([pred_N, label_N]), return_inverse=True)
   n = len(pred_N)
@@ -55,24 +49,10 @@ def pearson(pred_N, label_N) -> float:
   return float(np.sum(pred_N * label_N) / scale) if scale else 0.0
 
 
-def average_ranks(x_N) -> np.ndarray:
-  """Ranks 1..N of `x_N`; tied values share the mean of their ranks (scipy's 'average')."""
-  x_N = np.asarray(x_N)
-  order_N = np.argsort(x_N, kind="stable")
-  sorted_N = x_N[order_N]
-  # Each run of equal values gets the mean of the ordinal ranks it spans.
-  run_starts = np.flatnonzero(np.r_[True, sorted_N[1:] != sorted_N[:-1]])
-  run_ends = np.r_[run_starts[1:], len(x_N)]
-  run_ranks = (run_starts + 1 + run_ends) / 2.0
-  ranks_sorted_N = np.repeat(run_ranks, run_ends - run_starts)
-  ranks_N = np.empty(len(x_N), np.float64)
-  ranks_N[order_N] = ranks_sorted_N
-  return ranks_N
-
-
 def spearman(pred_N, label_N) -> float:
+  """Pearson correlation of the ranks; tied values share the mean of their ranks."""
   pred_N, label_N = _pair(pred_N, label_N, dtype=np.float64)
-  return pearson(average_ranks(pred_N), average_ranks(label_N))
+  return pearson(stats.rankdata(pred_N), stats.rankdata(label_N))
 
 
 METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {

@@ -1,18 +1,13 @@
 """GLUE tasks from tensorflow-datasets, encoded for the pretrained encoder.
 
-    task = glue.get_task("sst2")                     # or "glue/sst2"
-    split = glue.load_split(task, "train", tokenizer, seq_len=128)
-    split.inputs_NT, split.key_mask_NT, split.labels_N
-    for batch in glue.batches(split, 32, rng=np.random.default_rng(0)): ...
+    task = tasks.get_task("sst2")                    # or "glue/sst2"
+    split = tasks.load_split(task, "train", tokenizer, seq_len=128)
+    for batch in tasks.batches(split, 32, rng=np.random.default_rng(0)): ...
 
-Input layout. The pretraining tokenizers have no [CLS] or [SEP] token (ids: 0 pad, 1 eod,
-2 [MASK]), so a single sentence is its tokens and a pair is `a <eod> b`: eod is the one
-boundary token pretraining has seen between documents. Pairs that do not fit in T tokens are
-truncated longest-first (the longer text loses a token until the pair fits), as BERT does;
-rows are right-padded with pad and `key_mask` marks the real tokens.
-
-The classifier pools by a masked mean over the real tokens (see classifier.py), so no token
-has to learn to summarise the sequence during fine-tuning.
+The pretraining tokenizers have no [CLS] or [SEP] token, so a single sentence is its tokens and
+a pair is `a <eod> b` (eod: the one boundary token pretraining has seen). Pairs longer than T
+are truncated longest-first, as BERT does; rows are right-padded and `key_mask` marks the real
+tokens, over which the classifier mean-pools (classifier.py).
 """
 import dataclasses
 from typing import Iterator, Sequence
@@ -29,7 +24,7 @@ class GlueTask:
   name: str                        # tfds config name, e.g. "sst2"
   text_keys: tuple[str, ...]       # one text (single sentence) or two (a pair)
   num_labels: int                  # 1: regression (STS-B), else the number of classes
-  metrics: tuple[str, ...]         # names in task_metrics.METRICS
+  metrics: tuple[str, ...]         # names in metrics.METRICS
   eval_splits: tuple[str, ...] = ("validation",)
 
   @property
@@ -65,9 +60,6 @@ def get_task(name: str) -> GlueTask:
   return TASKS[short]
 
 
-# ------------------------------------------------------------------------------------------
-# Encoding.
-# ------------------------------------------------------------------------------------------
 def truncate_longest_first(lengths: Sequence[int], budget: int) -> list[int]:
   """Lengths after removing tokens one at a time from the longest text until they fit."""
   lengths = list(lengths)
@@ -84,12 +76,10 @@ def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], seq_len: int) -> np
   if seq_len <= separators:
     raise ValueError(f"A sequence length of {seq_len} cannot hold {len(pieces)} texts.")
   kept = truncate_longest_first([len(p) for p in pieces], seq_len - separators)
-  out = []
-  for i, (piece, n) in enumerate(zip(pieces, kept)):
-    if i:
-      out.append(np.asarray([tokenizer.eod_id], np.int32))
-    out.append(piece[:n])
-  return np.concatenate(out)
+  parts = [pieces[0][:kept[0]]]
+  for piece, n in zip(pieces[1:], kept[1:]):
+    parts += [np.asarray([tokenizer.eod_id], np.int32), piece[:n]]
+  return np.concatenate(parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,15 +109,10 @@ def encode_examples(tokenizer: Tokenizer, task: GlueTask, columns: dict[str, Seq
   return EncodedSplit(inputs_NT, key_mask_NT, np.asarray(labels, label_dtype))
 
 
-# ------------------------------------------------------------------------------------------
-# Loading from tensorflow-datasets.
-# ------------------------------------------------------------------------------------------
 def load_split(task: GlueTask, split: str, tokenizer: Tokenizer, seq_len: int, *,
                data_dir: str | None = None, max_examples: int = 0) -> EncodedSplit:
-  """`split` of the task from tfds (prepared, or downloaded when the host has network).
-
-  `max_examples` > 0 keeps the first that many examples (quick runs).
-  """
+  """`split` of the task from tfds (prepared, or downloaded when the host has network); with
+  `max_examples` > 0 only the first that many examples (quick runs)."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  (slow import)
   try:
     builder = tfds.builder(task.tfds_name, data_dir=data_dir)
@@ -155,17 +140,12 @@ def load_split(task: GlueTask, split: str, tokenizer: Tokenizer, seq_len: int, *
   return encode_examples(tokenizer, task, columns, labels, seq_len)
 
 
-# ------------------------------------------------------------------------------------------
-# Batches.
-# ------------------------------------------------------------------------------------------
 def batches(split: EncodedSplit, batch_size: int,
             rng: np.random.Generator | None = None) -> Iterator[dict[str, np.ndarray]]:
-  """One pass over `split` in batches of exactly `batch_size` rows (shuffled when `rng`).
-
-  The last batch is padded with copies of row 0 whose "weights" are 0, so every batch has one
-  shape (one compilation) and padding rows never count in a loss or a metric.
-  Keys: inputs int32[B,T], key_mask bool[B,T], labels [B], weights float32[B].
-  """
+  """One pass over `split` in batches of exactly `batch_size` rows (shuffled when `rng`):
+  inputs int32[B, T], key_mask bool[B, T], labels [B], weights float32[B]. The last batch is
+  padded with copies of row 0 of weight 0: one shape (one compilation), and padding rows never
+  count in a loss or a metric."""
   order_N = rng.permutation(len(split)) if rng is not None else np.arange(len(split))
   for start in range(0, len(split), batch_size):
     rows = order_N[start:start + batch_size]
@@ -180,9 +160,6 @@ def num_batches(num_examples: int, batch_size: int) -> int:
   return -(-num_examples // batch_size)
 
 
-# ------------------------------------------------------------------------------------------
-# Scores.
-# ------------------------------------------------------------------------------------------
 def task_score(metrics_by_split: dict[str, dict[str, float]]) -> float:
   """A task's score: the mean of all its metrics (`GlueTask.metrics`) over all its eval splits
   (MNLI: matched and mismatched), in percent."""

@@ -2,17 +2,12 @@
 
     A' = alpha * I + beta * A - gamma * C,       A = softmax(q k^T / sqrt(d) + mask)
 
-(docs/model.md, Eqs. (4) and (3)), with per-head gains alpha = `skip_gain` (on I), beta =
-`resid_gain` (on A), gamma = `centre_gain` (on C); a None alpha or gamma omits its term (plain
-attention). C is the value A takes when every logit is zero, i.e. the row-normalised mask
-(Eq. (5)), whatever the mask is (causal, padded, packed, offset queries: masks.py). Two exact
-forms:
-  * `impl="explicit"` forms A' as a [B, H, Q, K] matrix (and can return A for diagnostics);
-  * `impl="fused"` never forms C: `A' v = beta * (A v) + alpha * v - gamma * (C v)`
-    (Eq. (6)), with `A v` from `jax.nn.dot_product_attention` and `C v` a (segment-wise)
-    cumulative mean (causal) or masked mean (bidirectional), O(T * D).
-Layout: q [B, Q, H, d], k and v [B, K, H, d] (that of `jax.nn.dot_product_attention`), gains
-[H]. The speed-only gradient rule of the explicit form lives in grad_rules.py.
+(Eqs. (4) and (3)), per-head gains alpha = `skip_gain`, beta = `resid_gain`, gamma =
+`centre_gain`; a None alpha or gamma omits its term. C is the row-normalised mask (Eq. (5)),
+whatever the mask is (causal, padded, packed, offset queries: masks.py). Two exact forms:
+`impl="explicit"` forms A' [B, H, Q, K] (and can return A); `impl="fused"` computes Eq. (6),
+`A' v = beta * (A v) + alpha * v - gamma * (C v)`, with a fused kernel for `A v` and C v a
+cumulative or masked mean. q [B, Q, H, d], k and v [B, K, H, d], gains [H] or scalars.
 """
 from typing import Literal
 
@@ -27,44 +22,36 @@ Impl = Literal["explicit", "fused"]
 IMPLS = ("explicit", "fused")
 
 
-# ------------------------------------------------------------------------ centering matrices
-
 def centering_matrix_from_mask(mask) -> jax.Array:
-  """C = the mask with each row normalised to sum 1 (rows with no visible key are 0);
-  docs/model.md, Eq. (5)."""
+  """C = the mask with each row normalised to sum 1, rows with no visible key 0 (Eq. (5))."""
   mask = mask.astype(jnp.float32)
   return mask / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
 
 
 def causal_centering_matrix(length: int, *, query_offset: int = 0, num_queries=None):
-  """[Q, T]: C[i, j] = 1 / (p + 1) for j <= p, p = query_offset + i the absolute position
-  (Eq. (5), causal mask)."""
+  """[Q, T] causal C: C[i, j] = 1 / (p + 1) for j <= p = query_offset + i."""
   mask = masks.attention_mask(length if num_queries is None else num_queries, length,
                               causal=True, query_offset=query_offset)
   return centering_matrix_from_mask(mask)[0, 0]
 
 
 def bidirectional_centering_matrix(key_mask_BT) -> jax.Array:
-  """[B, T, T]: every row is 1/n on the n real (non-padding) keys of its sequence (Eq. (5),
-  bidirectional mask)."""
+  """[B, T, T] bidirectional C: every row 1/n on the n real keys of its sequence."""
   no_segments_BT = jnp.zeros(key_mask_BT.shape, jnp.int32)
   return packed_centering_matrix(no_segments_BT, causal=False, key_mask_BT=key_mask_BT)
 
 
 def packed_centering_matrix(segment_ids_BT, *, causal: bool, key_mask_BT=None) -> jax.Array:
-  """[B, T, T]: block diagonal, each block the causal or bidirectional C of its own segment
-  (Eq. (5), packed mask)."""
+  """[B, T, T] packed C: block diagonal, each block the C of its own segment."""
   T = segment_ids_BT.shape[1]
   mask = masks.attention_mask(T, T, causal=causal, key_mask=key_mask_BT,
                               segment_ids=segment_ids_BT)
   return centering_matrix_from_mask(mask)[:, 0]
 
 
-# ---------------------------------------------------------------------- the explicit form: A'
-
 def attention_logits(q_BQHd, k_BKHd, *, logit_soft_cap=None) -> jax.Array:
-  """float32 [B, H, Q, K] = q k^T / sqrt(d), optionally soft-capped cap*tanh(x/cap): the
-  logits of docs/model.md, Eq. (3), before the mask."""
+  """float32 [B, H, Q, K] = q k^T / sqrt(d) (Eq. (3), before the mask), optionally soft-capped
+  as cap * tanh(x / cap)."""
   scale = q_BQHd.shape[-1] ** -0.5
   logits_BHQK = jnp.einsum("bqhd,bkhd->bhqk", q_BQHd, k_BKHd,
                            preferred_element_type=jnp.float32) * scale
@@ -73,31 +60,24 @@ def attention_logits(q_BQHd, k_BKHd, *, logit_soft_cap=None) -> jax.Array:
   return logits_BHQK
 
 
-def shape_attention_matrix(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK):
-  """(A', A = softmax(logits)), both [B, H, Q, K]; gains [H] or None (term omitted).
-  docs/model.md, Eqs. (3) and (4).
-
-  `eye_QK` (I) and `centre_QK` (C) broadcast against the logits.
+def shape_attention_matrix(logits_BHQK, resid_H, terms):
+  """(A', A = softmax(logits)), both [B, H, Q, K]: A' = resid * A + the sum of gain * matrix
+  over the (gain [H], matrix) `terms`, each matrix broadcasting against the logits. Eq. (4)
+  with the terms (alpha, I) and (gamma, -C); Eq. (3) for A.
   """
   probs_BHQK = jax.nn.softmax(logits_BHQK, axis=-1)
-  per_head = lambda gain_H: gain_H.reshape(-1, 1, 1)
-  shaped_BHQK = per_head(resid_H) * probs_BHQK
-  if skip_H is not None:
-    shaped_BHQK = shaped_BHQK + per_head(skip_H) * eye_QK
-  if centre_H is not None:
-    shaped_BHQK = shaped_BHQK - per_head(centre_H) * centre_QK
+  shaped_BHQK = resid_H.reshape(-1, 1, 1) * probs_BHQK
+  for gain_H, matrix in terms:
+    shaped_BHQK = shaped_BHQK + gain_H.reshape(-1, 1, 1) * matrix
   return shaped_BHQK, probs_BHQK
 
 
 _fast_shape_attention_matrix = grad_rules.fast_gain_gradients(shape_attention_matrix)
 
 
-# -------------------------------------------------------------- the fused form: never forms C
-
 def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, key_mask=None,
                    segment_ids=None) -> jax.Array:
-  """C v without forming C: [B, Q, H, d], computed in float32 in O(T * H * d) (the C v term
-  of docs/model.md, Eq. (6))."""
+  """C v (Eq. (6)) without forming C: float32 [B, Q, H, d] in O(T * H * d)."""
   B, T = v_BKHd.shape[:2]
   valid_BT = jnp.ones((B, T), jnp.float32) if key_mask is None else key_mask.astype(jnp.float32)
   v_BKHd = v_BKHd.astype(jnp.float32) * valid_BT[:, :, None, None]
@@ -120,32 +100,24 @@ def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, ke
   return masks.take_queries(mean_BKHd, num_queries, query_offset)
 
 
-def combine_fused_terms(attended_BQHd, resid, skip, v_self_BQHd, centre, centred_BQHd):
-  """`resid * (A v) + skip * v_self - centre * (C v)` [B, Q, H, d]: the fused form's sum
-  (docs/model.md, Eq. (6); also the KV cache's), in float32 in this order, cast to
-  attended's (v's) dtype. Gains [H] or scalars; None omits a term. `v_self` is v at the
-  query positions (what I picks)."""
+def combine_fused_terms(attended_BQHd, resid, terms):
+  """`resid * (A v) + the sum of gain * values` over the (gain, values [B, Q, H, d]) `terms`:
+  the fused form's sum (Eq. (6), with the terms (alpha, v at the queries) and (gamma, -C v);
+  also the KV cache's), in float32 in this order, cast to attended's (v's) dtype. Gains [H]
+  or scalars."""
   gain = lambda g: jnp.asarray(g, jnp.float32).reshape(-1, 1)   # [H] -> broadcast over [.., H, d]
   out_BQHd = gain(resid) * attended_BQHd.astype(jnp.float32)
-  if skip is not None:
-    out_BQHd = out_BQHd + gain(skip) * v_self_BQHd.astype(jnp.float32)
-  if centre is not None:
-    out_BQHd = out_BQHd - gain(centre) * centred_BQHd.astype(jnp.float32)
+  for g, values_BQHd in terms:
+    out_BQHd = out_BQHd + gain(g) * values_BQHd.astype(jnp.float32)
   return out_BQHd.astype(attended_BQHd.dtype)
 
 
-# ------------------------------------------------------------------- A' v, in either form
-
 def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: bool,
                      key_mask=None, segment_ids=None, query_offset=0, impl: Impl = "explicit",
-                     logit_soft_cap=None, return_probs: bool = False,
-                     grad_rules_mode: str = "auto"):
-  """Shaped attention `A' v` [B, Q, H, d] in v's dtype, in either form (module docstring).
-
-  `key_mask` [B, K] is True on real tokens. With `return_probs` (explicit only) also returns
-  the float32 softmax A [B, H, Q, K] for diagnostics. Both impls agree to float32 round-off,
-  and so do their gradients whatever `grad_rules_mode` ("auto", "on", "off"; grad_rules.py).
-  """
+                     logit_soft_cap=None, return_probs: bool = False):
+  """Shaped attention `A' v` [B, Q, H, d] in v's dtype, in either form; `key_mask` [B, K] is
+  True on real tokens. `return_probs` (explicit only) also returns the float32 softmax A
+  [B, H, Q, K]. Both forms agree to float32 round-off, gradients included."""
   if impl not in IMPLS:
     raise ValueError(f"Unknown attention impl {impl!r}; expected one of {IMPLS}.")
   if impl == "fused" and (return_probs or logit_soft_cap is not None):
@@ -162,22 +134,26 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
             else masks.attention_mask(Tq, Tk, **where))
     attended_BQHd = attention_kernels.dot_product_attention(q, k, v, mask=mask,
                                                            is_causal=simple_causal)
-    v_self_BQHd = None if skip_gain is None else masks.take_queries(v, Tq, query_offset)
-    centred_BQHd = None if centre_gain is None else centred_values(v, num_queries=Tq, **where)
-    return combine_fused_terms(attended_BQHd, resid_gain, skip_gain, v_self_BQHd, centre_gain,
-                               centred_BQHd)
+    terms = []
+    if skip_gain is not None:
+      terms.append((skip_gain, masks.take_queries(v, Tq, query_offset)))
+    if centre_gain is not None:
+      terms.append((centre_gain, -centred_values(v, num_queries=Tq, **where)))
+    return combine_fused_terms(attended_BQHd, resid_gain, terms)
 
   mask = masks.attention_mask(Tq, Tk, **where)
   logits_BHQK = jnp.where(mask, attention_logits(q, k, logit_soft_cap=logit_soft_cap),
                           jnp.finfo(jnp.float32).min)
   eye_QK = jnp.arange(Tk) == masks.query_positions(Tq, query_offset)[..., None]   # or [B, Q, K]
-  head_vector = lambda g: None if g is None else jnp.broadcast_to(   # scalar or [H] -> [H]
+  head_vector = lambda g: jnp.broadcast_to(   # scalar or [H] -> [H]
       jnp.asarray(g, jnp.float32).reshape(-1), (q.shape[2],))
-  shape = (_fast_shape_attention_matrix if grad_rules.enabled(grad_rules_mode)
-           else shape_attention_matrix)
-  shaped_BHQK, probs_BHQK = shape(
-      logits_BHQK, *map(head_vector, (resid_gain, skip_gain, centre_gain)),
-      eye_QK[..., None, :, :].astype(jnp.float32), centering_matrix_from_mask(mask))
+  terms = []
+  if skip_gain is not None:
+    terms.append((head_vector(skip_gain), eye_QK[..., None, :, :].astype(jnp.float32)))
+  if centre_gain is not None:
+    terms.append((head_vector(centre_gain), -centering_matrix_from_mask(mask)))
+  shape = _fast_shape_attention_matrix if grad_rules.enabled() else shape_attention_matrix
+  shaped_BHQK, probs_BHQK = shape(logits_BHQK, head_vector(resid_gain), terms)
   out_BQHd = jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v)
   return (out_BQHd, probs_BHQK) if return_probs else out_BQHd
 

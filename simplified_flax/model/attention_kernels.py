@@ -1,21 +1,10 @@
-"""The fused attention kernel of each backend: `dot_product_attention` picks it.
-
-`softmax(q k^T / sqrt(Dh) + mask) v` without forming the [B, H, Tq, Tk] logits where the
-backend has a kernel for it: the A v term of shaped attention (He & Hofmann 2024, Section 4;
-README "Shaped attention"):
-
-  backend   kernel                                                 when
-  tpu       Pallas splash attention (jax.experimental.pallas.ops.tpu)  Tq == Tk, T % 128 == 0,
-                                                                     no mask array (causal or full)
-  gpu       cuDNN flash attention (jax.nn.dot_product_attention,     float16/bfloat16 inputs and
-            implementation="cudnn")                                  shapes cuDNN accepts
-  otherwise XLA (jax.nn.dot_product_attention, implementation="xla"): forms the T x T logits
-
-Anything a kernel cannot take (padding or packing masks, a KV cache's Tq != Tk, float32 on
-GPU) falls back to XLA with the same result. `SIMPLIFIED_FLAX_ATTENTION_KERNEL=xla` forces the
-XLA path everywhere (to compare, or to step around a kernel a device's driver rejects).
-
-`resolve_impl` turns `model.attention_impl="auto"` into the path the block takes on a backend.
+"""The fused attention kernel of each backend for the A v term of shaped attention (Eq. (6)):
+`softmax(q k^T / sqrt(d) + mask) v` without forming the logits where a kernel exists. TPU:
+Pallas splash attention (Tq == Tk, T % 128 == 0, no mask array); GPU: cuDNN flash attention
+(float16/bfloat16, shapes cuDNN accepts); otherwise, and for anything a kernel cannot take
+(padding or packing masks, a KV cache, float32 on GPU), XLA's `jax.nn.dot_product_attention`,
+with the same result. `SIMPLIFIED_FLAX_ATTENTION_KERNEL=xla` forces XLA everywhere.
+`resolve_impl` turns `model.attention_impl="auto"` into the path the block takes.
 """
 import functools
 import os
@@ -39,14 +28,9 @@ AUTO_IMPL = {"tpu": "fused", "cpu": "explicit"}
 
 def resolve_impl(requested: str, *, dtype, soft_capped: bool = False,
                  backend: str | None = None) -> Literal["explicit", "fused"]:
-  """The attention path for `model.attention_impl=requested` computing in `dtype`.
-
-  "explicit" and "fused" are taken as asked. "auto" takes the explicit form only where the
-  fused one cannot serve or gains nothing: soft-capped logits (no kernel takes them) and
-  float32 on GPU (cuDNN takes bf16/fp16 only); otherwise cuDNN on GPU, else AUTO_IMPL (splash
-  on TPU, explicit on CPU and on backends nobody measured). The block also takes the explicit
-  form while intermediates are collected (block.py), so that diagnostics read A.
-  """
+  """The attention path for `model.attention_impl=requested` computing in `dtype`. "auto" is
+  explicit where the fused form cannot serve or gains nothing (soft-capped logits; float32 on
+  GPU), cuDNN's fused form on GPU, else AUTO_IMPL (explicit where nobody measured)."""
   if requested != "auto":
     return requested
   backend = backend or jax.default_backend()
@@ -72,13 +56,10 @@ def choose_kernel(q_BTHd, k_BTHd, *, mask, backend: str | None = None) -> Kernel
 
 def dot_product_attention(q_BTHd, k_BTHd, v_BTHd, *, mask=None, is_causal: bool = False,
                           backend: str | None = None, interpret: bool = False):
-  """Attention output [B, Tq, H, Dh] in the inputs' dtype, as `jax.nn.dot_product_attention`.
-
-  `mask` is a boolean [B or 1, H or 1, Tq, Tk] (True: attend) or None; `is_causal` adds the
-  lower-triangular mask (Tq == Tk). `backend` overrides `jax.default_backend()` and
-  `interpret` runs the Pallas kernel in interpret mode: both only so that tests on CPU can
-  check the TPU kernel against XLA. Every kernel agrees with XLA to the dtype's round-off.
-  """
+  """Attention output [B, Tq, H, Dh] in the inputs' dtype, as `jax.nn.dot_product_attention`,
+  to the dtype's round-off. `mask`: boolean [B or 1, H or 1, Tq, Tk] (True: attend) or None;
+  `is_causal`: the lower-triangular mask (Tq == Tk). `backend` and `interpret` (the Pallas
+  kernel in interpret mode) let tests on CPU check the TPU kernel."""
   kernel = choose_kernel(q_BTHd, k_BTHd, mask=mask, backend=backend)
   if kernel == "splash":
     return _splash(q_BTHd, k_BTHd, v_BTHd, is_causal=is_causal, interpret=interpret)
@@ -105,20 +86,16 @@ def _splash_kernel(num_heads: int, seq_len: int, is_causal: bool, interpret: boo
   sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                         block_q_dq=block, block_kv_dq=block)
-  # Its mask tables become concrete arrays even when first built inside a jit trace (the
-  # cache outlives the trace).
+  # Concrete mask tables even when first built inside a jit trace (the cache outlives it).
   with jax.ensure_compile_time_eval():
     return sk.make_splash_mha(sm.MultiHeadMask([head_mask] * num_heads), block_sizes=sizes,
                               head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
 def mesh_split(axes, batch: int, num_heads: int) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-  """(axes splitting the batch, axes splitting the heads) for the splash kernel on a mesh.
-
-  `axes` is ((name, size), ...) in mesh order. Each axis goes to the batch while the batch
-  still divides, else to the heads while they divide, else to neither: the kernel is then
-  repeated along it (its inputs gathered), which is correct, only not split.
-  """
+  """(axes splitting the batch, axes splitting the heads) for the splash kernel; `axes` is
+  ((name, size), ...) in mesh order. Each goes to the batch while it divides, else to the
+  heads, else to neither (the kernel is then repeated along it: correct, only not split)."""
   batch_axes, head_axes, batch_split, head_split = [], [], 1, 1
   for name, size in axes:
     if size == 1:
@@ -133,9 +110,8 @@ def mesh_split(axes, batch: int, num_heads: int) -> Tuple[Tuple[str, ...], Tuple
 
 
 def _splash(q_BTHd, k_BTHd, v_BTHd, *, is_causal: bool, interpret: bool):
-  """The splash kernel, `shard_map`ped over the ambient mesh's automatic axes, if any (the
-  kernel is a custom call XLA's partitioner cannot split): batch and, where it divides, heads.
-  Under `jax.pmap` or on one device there is no such mesh and the kernel runs as it is."""
+  """The splash kernel (a custom call XLA cannot partition), `shard_map`ped over the ambient
+  mesh's automatic axes if any (under `jax.pmap` or on one device it runs as it is)."""
   mesh = jax.sharding.get_abstract_mesh()
   axes = () if mesh.empty else tuple(
       (name, size) for name, size, kind in zip(mesh.axis_names, mesh.axis_sizes,

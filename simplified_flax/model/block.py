@@ -1,7 +1,5 @@
-"""The one configurable Transformer block and its attention sub-block (docs/model.md, "The block").
-
-Every variant of the papers is this block with different settings (configs/), never a
-separate class.
+"""The one configurable Transformer block and its attention sub-block (docs/model.md, "The block"):
+every variant of the papers is this block with different settings (configs/).
 """
 from typing import Any, Dict
 
@@ -11,7 +9,6 @@ import jax.numpy as jnp
 
 from simplified_flax.model import attention
 from simplified_flax.model import attention_kernels
-from simplified_flax.model import grad_rules
 from simplified_flax.model import kv_cache
 from simplified_flax.model import layers
 from simplified_flax.model import valproj
@@ -32,15 +29,9 @@ def _qk_kernel_init(m):
 
 
 class AttentionSubBlock(nn.Module):
-  """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (paper Sec. 4.1;
-  docs/model.md, Eqs. (3)-(7)).
-
-  alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain (per head).
-
-  Decoding (`cache_index` [B] given): x holds T new tokens per row at absolute positions
-  cache_index[b] + t, attended against this layer's `cache` collection (see kv_cache.py),
-  of which the first `lengths[b]` are real.
-  """
+  """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (Eqs. (3)-(7)), per
+  head alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain. With
+  `cache_index` [B]: T new tokens per row against this layer's `cache` (kv_cache.py)."""
   cfg: Any     # FrozenConfigDict: the model config
   layer: int
   causal: bool
@@ -52,12 +43,10 @@ class AttentionSubBlock(nn.Module):
     m = self.cfg
     B, T, D = x_BTD.shape
     H = m.n_head
-    qk_BT2D = layers.Linear(2 * D, use_bias=True, kernel_init=_qk_kernel_init(m),
-                            dtype=self.dtype, grad_rules=grad_rules.mode_of(m),
-                            name="c_attn")(x_BTD)
+    qk_BT2D = layers.dense(2 * D, self.dtype, "c_attn", _qk_kernel_init(m), use_bias=True)(x_BTD)
     q_BTD, k_BTD = jnp.split(qk_BT2D, 2, axis=-1)
-    v_BTD = self._linear("value", valproj.value_settings(m, self.layer))(
-        x_BTD, anchors.get("value"))
+    v_BTD = layers.ReparamLinear(valproj.value_settings(m, self.layer), self.dtype,
+                                 name="value")(x_BTD, anchors.get("value"))
     q_BTHd, k_BTHd, v_BTHd = (a.reshape(B, T, H, D // H) for a in (q_BTD, k_BTD, v_BTD))
     if m.qk_norm_type == "rmsnorm":
       q_BTHd = layers.RMSNorm(m.norm_eps, self.dtype, name="q_norm")(q_BTHd)
@@ -71,7 +60,7 @@ class AttentionSubBlock(nn.Module):
       centre_H = layers.gain(self, "centre_attn_gain", m.centre_attn_gain,
                              trainable and m.centre_attn_gain != 0, (H,))
     attn_args = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
-                 logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
+                     logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
     impl = self._impl()
     if cache_index is not None:
       out_BTHd = self._attend_cached(q_BTHd, k_BTHd, v_BTHd, attn_args, impl,
@@ -80,17 +69,15 @@ class AttentionSubBlock(nn.Module):
       explicit = impl == "explicit"   # which alone can return A, for diagnostics
       out_BTHd = attention.shaped_attention(
           q_BTHd, k_BTHd, v_BTHd, **attn_args, causal=self.causal, key_mask=key_mask,
-          segment_ids=segment_ids, impl=impl, return_probs=explicit,
-          grad_rules_mode=grad_rules.mode_of(m))
+          segment_ids=segment_ids, impl=impl, return_probs=explicit)
       if explicit:
         out_BTHd, probs_BHTT = out_BTHd
         self.sow("intermediates", "attn_probs", probs_BHTT)
-    return self._linear("proj", valproj.proj_settings(m, self.layer))(
+    return layers.ReparamLinear(valproj.proj_settings(m, self.layer), self.dtype, name="proj")(
         out_BTHd.reshape(B, T, D), anchors.get("proj"))
 
   def _impl(self) -> str:
-    """The path `model.attention_impl` takes here (attention_kernels.resolve_impl); "auto"
-    takes the explicit form while intermediates are collected, so that diagnostics read A."""
+    """`model.attention_impl`'s path here; "auto" is explicit while diagnostics collect A."""
     m = self.cfg
     collecting = self.is_mutable_collection("intermediates") and not self.is_initializing()
     if m.attention_impl == "auto" and collecting:
@@ -100,10 +87,8 @@ class AttentionSubBlock(nn.Module):
 
   def _attend_cached(self, q_BTHd, k_BTHd, v_BTHd, attn_args, impl, *, index_B, lengths_B):
     """Attends to the cache and appends the new keys and values (not while initialising)."""
-    m = self.cfg
     B, T, H, d = k_BTHd.shape
-    # Created with the shapes of the init call, whose T is the cache length.
-    shape = kv_cache.cache_shape(B, T, H, d)
+    shape = (B, H, T, d)   # [B, H, Tmax, d]: created by the init call, whose T is Tmax
     templates = {"keys": (shape, k_BTHd.dtype), "values": (shape, v_BTHd.dtype),
                  "value_sum": ((B, H, d), jnp.float32)}
     centred = attn_args["centre_gain"] is not None
@@ -117,18 +102,10 @@ class AttentionSubBlock(nn.Module):
         var.value = new[name]
     return out_BTHd
 
-  def _linear(self, name: str, s: valproj.LinearSettings) -> layers.ReparamLinear:
-    return layers.ReparamLinear(
-        resid_gain=s.resid_gain, skip_gain=s.skip_gain, init_type=s.init_type,
-        trainable_gains=s.trainable_gains, init_std=s.init_std, dtype=self.dtype,
-        grad_rules=grad_rules.mode_of(self.cfg), name=name)
-
 
 class Block(nn.Module):
-  """One block, sequential or parallel (docs/model.md, Eqs. (1) and (2)), x [B, T, D] ->
-  [B, T, D].
-
-  The parallel form reads only `norm1`; `norm2` is still created there, as in the authors'
+  """One block, sequential or parallel (Eqs. (1) and (2)), x [B, T, D] -> [B, T, D]. The
+  parallel form reads only `norm1`; `norm2` is still created there, as in the authors'
   code, so that parameter counts and converted checkpoints line up with theirs.
   """
   cfg: Any
@@ -145,19 +122,17 @@ class Block(nn.Module):
     norm1 = layers.make_norm(norm_type, m.norm_eps, self.dtype, "norm1")
     norm2 = layers.make_norm(m.norm_type, m.norm_eps, self.dtype, "norm2")
     attn = AttentionSubBlock(m, self.layer, self.causal, self.dtype, name="attn")
-    mlp = layers.MLP(width_mult=m.mlp_width_mult, activation=m.activation,
-                     lrelu_neg_slope=m.lrelu_neg_slope, proj_init_std=m.mlp_proj_init_std,
-                     dtype=self.dtype, grad_rules=grad_rules.mode_of(m), name="mlp")
+    mlp = layers.MLP(m, self.dtype, name="mlp")
     drop = nn.Dropout(m.dropout_rate, deterministic=not train)
     attn_fn = lambda h: drop(attn(h, anchors, key_mask=key_mask, segment_ids=segment_ids,
                                   cache_index=cache_index, lengths=lengths))
     mlp_fn = lambda h: drop(mlp(h))
 
-    attn_resid = layers.gain(self, "attn_block_resid_gain", m.attn_block_resid_gain,
-                             m.trainable_attn_block_gains)
-    mlp_resid = layers.gain(self, "mlp_block_resid_gain", m.mlp_block_resid_gain,
-                            m.trainable_mlp_block_gains)
-    if m.parallel_layers:   # docs/model.md, Eq. (2)
+    block_gain = lambda name, kind: layers.gain(self, name, m[name],
+                                                m[f"trainable_{kind}_block_gains"])
+    attn_resid = block_gain("attn_block_resid_gain", "attn")
+    mlp_resid = block_gain("mlp_block_resid_gain", "mlp")
+    if m.parallel_layers:   # Eq. (2)
       h_BTD = norm1(x_BTD)
       if m.norm_type != "none":
         norm2(h_BTD)   # created, unread: see the class docstring
@@ -166,21 +141,14 @@ class Block(nn.Module):
         out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD
       return out_BTD.astype(self.dtype)
 
-    # Sequential, docs/model.md, Eq. (1).
-    x_BTD = self._sub_block(x_BTD, norm=norm1, branch=attn_fn, resid_gain=attn_resid,
-                            skip_name="attn_block_skip_gain", skip_value=m.attn_block_skip_gain,
-                            trainable=m.trainable_attn_block_gains)
-    return self._sub_block(x_BTD, norm=norm2, branch=mlp_fn, resid_gain=mlp_resid,
-                           skip_name="mlp_block_skip_gain", skip_value=m.mlp_block_skip_gain,
-                           trainable=m.trainable_mlp_block_gains)
-
-  def _sub_block(self, x_BTD, *, norm, branch, resid_gain, skip_name, skip_value, trainable):
-    """`resid_gain * branch(norm(x)) + skip * x` (one line of Eq. (1)), with the norm placed
-    per norm_position."""
-    if self.cfg.norm_position == "post":
-      x_BTD = norm(x_BTD)
-    h_BTD = norm(x_BTD) if self.cfg.norm_position == "pre" else x_BTD
-    out_BTD = resid_gain * branch(h_BTD)
-    if skip_value != 0:   # a zero skip is omitted, not multiplied by zero
-      out_BTD = out_BTD + layers.gain(self, skip_name, skip_value, trainable) * x_BTD
-    return out_BTD.astype(self.dtype)
+    # Sequential, Eq. (1), with the norm placed per norm_position; a zero skip is omitted.
+    assert m.norm_position in ("pre", "post"), m.norm_position
+    for kind, norm, branch, resid in (("attn", norm1, attn_fn, attn_resid),
+                                      ("mlp", norm2, mlp_fn, mlp_resid)):
+      if m.norm_position == "post":
+        x_BTD = norm(x_BTD)
+      out_BTD = resid * branch(norm(x_BTD) if m.norm_position == "pre" else x_BTD)
+      if m[f"{kind}_block_skip_gain"] != 0:
+        out_BTD = out_BTD + block_gain(f"{kind}_block_skip_gain", kind) * x_BTD
+      x_BTD = out_BTD.astype(self.dtype)
+    return x_BTD

@@ -7,11 +7,9 @@
                           eod_id=tok.eod_id)
     continuation_b = out.tokens[b, :out.num_tokens[b]]
 
-Prompts are right-padded: row b holds its prompt in slots 0 .. lengths[b]-1, so every token sits
-at the position the full forward pass of its row alone gives it (kv_cache.py says why the
-padding is never seen). `generate` is one jitted function: prefill, then a `lax.while_loop` of
-one-token steps, so N tokens cost one compilation, not N; it recompiles only for a new prompt
-shape, `max_new_tokens`, `Sampling` or `eod_id`.
+Prompts are right-padded (row b in slots 0 .. lengths[b]-1; kv_cache.py: why the padding is
+never seen). `generate` is one jitted prefill and `lax.while_loop` of one-token steps: one
+compilation per prompt shape, `max_new_tokens`, `Sampling` and `eod_id`.
 """
 import dataclasses
 import functools
@@ -40,8 +38,6 @@ class Generation(NamedTuple):
   num_tokens: jax.Array   # int32 [B]: tokens each row generated, its eod included
 
 
-# ------------------------------------------------------------------------------- the cache
-
 def init_cache(model, batch_size: int, max_length: int):
   """A zero cache for `batch_size` rows of up to `max_length` tokens (prompt + generated)."""
   shapes = jax.eval_shape(functools.partial(model.init, decode=True), jax.random.key(0),
@@ -55,21 +51,6 @@ def apply_cached(model, variables, cache, tokens_BT, lengths_B=None):
                                   lengths=lengths_B, mutable=["cache"])
   return logits_BTV, state["cache"]
 
-
-def prefill(model, variables, cache, prompts_BT, lengths_B):
-  """(logits after each row's last prompt token [B, V], cache holding the prompts)."""
-  logits_BTV, cache = apply_cached(model, variables, cache, prompts_BT, lengths_B)
-  last_BV = jnp.take_along_axis(logits_BTV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
-  return last_BV, cache
-
-
-def step(model, variables, cache, tokens_B):
-  """(next-token logits [B, V], cache): one new token per row."""
-  logits_B1V, cache = apply_cached(model, variables, cache, tokens_B[:, None])
-  return logits_B1V[:, 0], cache
-
-
-# ---------------------------------------------------------------------------- sampling
 
 def top_k_filter(logits_BV, k: int) -> jax.Array:
   """-inf below each row's k-th largest logit (ties with it are kept)."""
@@ -99,19 +80,14 @@ def sample(rng, logits_BV, sampling: Sampling) -> jax.Array:
   return jax.random.categorical(rng, logits_BV, axis=-1).astype(jnp.int32)
 
 
-# ------------------------------------------------------------------------------ the loop
-
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "sampling", "eod_id",
                                              "pad_id"))
 def generate(model, variables, prompts_BT, lengths_B, rng, *, max_new_tokens: int,
              sampling: Sampling = Sampling(), eod_id: Optional[int] = None,
              pad_id: int = 0) -> Generation:
-  """Continues each right-padded prompt by up to `max_new_tokens` tokens.
-
-  `lengths_B` >= 1 are the prompt lengths. A row stops after it emits `eod_id` (None: never);
-  the loop stops when every row has stopped or after `max_new_tokens`. Token t of the run is
-  drawn with `fold_in(rng, t)`, so a seed fixes the output.
-  """
+  """Continues each right-padded prompt (`lengths_B` >= 1 tokens) by up to `max_new_tokens`
+  tokens; a row stops after it emits `eod_id` (None: never). Token t is drawn with
+  `fold_in(rng, t)`, so a seed fixes the output."""
   B, T = prompts_BT.shape
   max_length = T + max_new_tokens - 1   # the last token is sampled, never fed back
   if max_length > model.cfg.max_position_embeddings:
@@ -121,8 +97,10 @@ def generate(model, variables, prompts_BT, lengths_B, rng, *, max_new_tokens: in
   is_eod = (lambda tok_B: tok_B == eod_id) if eod_id is not None else (
       lambda tok_B: jnp.zeros_like(tok_B, bool))
 
-  logits_BV, cache = prefill(model, variables, init_cache(model, B, max_length), prompts_BT,
-                             lengths_B)
+  logits_BTV, cache = apply_cached(model, variables, init_cache(model, B, max_length),
+                                   prompts_BT, lengths_B)
+  # The logits after each row's last prompt token.
+  logits_BV = jnp.take_along_axis(logits_BTV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
   first_B = sample(jax.random.fold_in(rng, 0), logits_BV, sampling)
   tokens_BN = jnp.full((B, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first_B)
   state = (jnp.int32(1), cache, tokens_BN, is_eod(first_B), jnp.ones((B,), jnp.int32))
@@ -133,7 +111,8 @@ def generate(model, variables, prompts_BT, lengths_B, rng, *, max_new_tokens: in
 
   def next_token(state):
     t, cache, tokens_BN, done_B, count_B = state
-    logits_BV, cache = step(model, variables, cache, tokens_BN[:, t - 1])
+    logits_B1V, cache = apply_cached(model, variables, cache, tokens_BN[:, t - 1, None])
+    logits_BV = logits_B1V[:, 0]
     tok_B = jnp.where(done_B, pad_id, sample(jax.random.fold_in(rng, t), logits_BV, sampling))
     tokens_BN = jax.lax.dynamic_update_index_in_dim(tokens_BN, tok_B, t, axis=1)
     return (t + 1, cache, tokens_BN, done_B | is_eod(tok_B), count_B + ~done_B)
@@ -144,8 +123,8 @@ def generate(model, variables, prompts_BT, lengths_B, rng, *, max_new_tokens: in
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
                 multiple: int = 1) -> Tuple[np.ndarray, np.ndarray]:
-  """(int32 [B, T] right-padded prompts, int32 [B] lengths); T rounds up to `multiple` so
-  that prompts of nearby lengths share one compilation."""
+  """(int32 [B, T] right-padded prompts, int32 [B] lengths); T rounds up to `multiple` (prompts
+  of nearby lengths share one compilation)."""
   lengths_B = np.array([len(p) for p in prompts], np.int32)
   if lengths_B.min(initial=1) < 1 or not len(prompts):
     raise ValueError("Every prompt needs at least one token.")

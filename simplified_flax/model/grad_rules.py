@@ -1,58 +1,59 @@
 """Hand-written gradient rules that change speed, never values (`model.grad_rules`).
 
-Both rules compute exactly what plain autodiff computes (to float32 round-off); they only
-order the operations of the backward pass so that XLA:CPU lowers them as plain matrix
-products instead of strided loops:
+Both give autodiff's gradients (to float32 round-off) in an order XLA:CPU lowers as matrix
+products, not strided loops: `dense`, the kernel gradient as `(dy^T x)^T` rather than `x^T dy`
+(a fifth of a Pre-LN step at D=768); `fast_gain_gradients`, each per-head gain's gradient as a
+row sum before the (B, Q) sum (a few percent of a SAS step).
 
-* `dense`: `x @ kernel`, with the kernel gradient as `(dy^T x)^T` rather than `x^T dy`. XLA:CPU
-  lowers the latter, with the MLP's [tokens, 4D] activations, as a slow transposing loop
-  (about a fifth of a Pre-LN step at D=768).
-* `fast_gain_gradients(shape)`: the shaped attention matrix `alpha*I + beta*A - gamma*C` with
-  each per-head gain's tangent broadcast over (B, Q) first and over K last, so that in
-  reverse mode every gain gradient is a row sum before the (B, Q) sum. Autodiff's single
-  reduction over (B, Q, K) of a [B, H, Q, K] product is a strided loop on XLA:CPU costing
-  a few percent of a SAS step.
-
-`model.grad_rules` ("auto", "on", "off") decides: "auto" uses them on the CPU backend only,
-where they were measured to help; "on" / "off" force them (e.g. to measure them on an
-accelerator). tests/test_grad_rules.py checks that gradients agree either way.
+The mode ("auto": on the CPU backend only, where they were measured to help; "on"; "off") is
+chosen once: `Transformer` traces its body inside `chosen(model.grad_rules)`, and `matmul` and
+the attention read it at trace time (so under jit, scan and remat alike).
 """
-from typing import Callable
+import contextlib
+import contextvars
 
 import jax
 from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
 
 MODES = ("auto", "on", "off")
-
-
-def enabled(mode: str) -> bool:
-  """Whether the rules apply under `mode` on the current default backend."""
-  if mode == "auto":
-    return jax.default_backend() == "cpu"
-  if mode in ("on", "off"):
-    return mode == "on"
-  raise ValueError(f"model.grad_rules={mode!r} is unknown: use one of {list(MODES)}.")
+_MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
 
 
 def mode_of(model_config) -> str:
-  """The config's mode; "auto" for configs saved before the field existed."""
+  """The config's mode ("auto" for configs saved before the field existed)."""
   return model_config.get("grad_rules", "auto")
 
 
-def matmul(mode: str) -> Callable:
+@contextlib.contextmanager
+def chosen(mode: str):
+  """Within the context, models trace with the rules under `mode`."""
+  token = _MODE.set(mode)
+  try:
+    yield
+  finally:
+    _MODE.reset(token)
+
+
+def enabled() -> bool:
+  """Whether the rules apply under the chosen mode on the current default backend."""
+  mode = _MODE.get()
+  return mode == "on" or (mode == "auto" and jax.default_backend() == "cpu")
+
+
+def matmul(x_ND, kernel_DF):
   """`x @ kernel` over the last axis: `dense` when the rules apply, else `jnp.dot`."""
-  return dense if enabled(mode) else jnp.dot
+  return dense(x_ND, kernel_DF) if enabled() else jnp.dot(x_ND, kernel_DF)
 
 
 def _present(tangent) -> bool:
-  """A symbolic-zero tangent (an input that is not differentiated) costs nothing."""
+  """A symbolic-zero tangent (an input not differentiated) costs nothing."""
   return tangent is not None and not isinstance(tangent, SymbolicZero)
 
 
 @jax.custom_jvp
 def dense(x_ND, kernel_DF):
-  """`x @ kernel` over the last axis of x, [..., D] x [D, F] -> [..., F] (see module doc)."""
+  """`x @ kernel`, [..., D] x [D, F] -> [..., F], with the kernel-gradient rule above."""
   return jnp.dot(x_ND, kernel_DF)
 
 
@@ -72,36 +73,30 @@ def _dense_jvp(primals, tangents):
 dense.defjvp(_dense_jvp, symbolic_zeros=True)
 
 
-def _per_row(gain_H, like_BHQK):
-  """A per-head [H] tangent broadcast to [B, H, Q, 1] (then over keys by the product)."""
-  B, H, Q, _ = like_BHQK.shape
-  return jnp.broadcast_to(gain_H[None, :, None], (B, H, Q))[..., None]
-
-
-def fast_gain_gradients(shape: Callable) -> Callable:
-  """`shape` (`attention.shape_attention_matrix`: (A', softmax A)) with the gain-gradient rule
-  of the module docstring; same values. `eye_QK` and `centre_QK` come from the mask and are
-  constants: their tangents are ignored.
-  """
+def fast_gain_gradients(shape):
+  """`shape(logits_BHQK, resid_H, terms) -> (A', A)` (`attention.shape_attention_matrix`,
+  A' = resid * softmax(logits) + the sum of gain * matrix over the `terms`) with the gain rule
+  above, for any number of terms. The matrices are constants: their tangents are ignored."""
   @jax.custom_jvp
-  def fast_shape(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK):
-    return shape(logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK)
+  def fast_shape(logits_BHQK, resid_H, terms):
+    return shape(logits_BHQK, resid_H, terms)
 
   def jvp(primals, tangents):
-    logits_BHQK, resid_H, skip_H, centre_H, eye_QK, centre_QK = primals
-    d_logits_BHQK, d_resid_H, d_skip_H, d_centre_H, _, _ = tangents
+    _, resid_H, terms = primals
+    d_logits_BHQK, d_resid_H, d_terms = tangents
     shaped_BHQK, probs_BHQK = shape(*primals)
+    B, H, Q, _ = probs_BHQK.shape
+    per_row = lambda d_gain_H: jnp.broadcast_to(d_gain_H[None, :, None], (B, H, Q))[..., None]
     d_probs_BHQK = jnp.zeros_like(probs_BHQK)
     if _present(d_logits_BHQK):   # the softmax's own JVP
       d_probs_BHQK = probs_BHQK * (
           d_logits_BHQK - jnp.sum(probs_BHQK * d_logits_BHQK, axis=-1, keepdims=True))
     d_shaped_BHQK = resid_H.reshape(-1, 1, 1) * d_probs_BHQK
     if _present(d_resid_H):
-      d_shaped_BHQK = d_shaped_BHQK + _per_row(d_resid_H, probs_BHQK) * probs_BHQK
-    if skip_H is not None and _present(d_skip_H):
-      d_shaped_BHQK = d_shaped_BHQK + _per_row(d_skip_H, probs_BHQK) * eye_QK
-    if centre_H is not None and _present(d_centre_H):
-      d_shaped_BHQK = d_shaped_BHQK - _per_row(d_centre_H, probs_BHQK) * centre_QK
+      d_shaped_BHQK = d_shaped_BHQK + per_row(d_resid_H) * probs_BHQK
+    for (_, matrix), (d_gain_H, _) in zip(terms, d_terms):
+      if _present(d_gain_H):
+        d_shaped_BHQK = d_shaped_BHQK + per_row(d_gain_H) * matrix
     return (shaped_BHQK, probs_BHQK), (d_shaped_BHQK, d_probs_BHQK)
 
   fast_shape.defjvp(jvp, symbolic_zeros=True)

@@ -1,24 +1,12 @@
-"""Shaped attention against a key/value cache, for incremental decoding (docs/model.md,
-"The centering matrix C" and "The fused form", Eqs. (5) and (6)).
+"""Shaped attention against a key/value cache, for incremental decoding (Eqs. (5) and (6)).
 
-Layout: row b of a cache holds its own sequence at its absolute positions, slots
-0 .. index[b]-1; a chunk of Tq new tokens is written at index[b] .. index[b]+Tq-1, and only
-its first `lengths[b]` tokens are real (a batch of right-padded prompts). The padding tokens
-are written too, but the index advances past real tokens only, so the next chunk overwrites
-them; a query at position p sees keys 0..p only, so no query ever reads a slot its row has
-not filled with a real token. Hence every token is computed exactly as in the full forward
-pass of its row alone, and rows of different lengths need no key mask.
-
-The centering term of the query at absolute position p averages the row's values 0..p:
-  * explicit: the C row of position p, from the per-row causal mask (`attention.py`);
-  * fused: a running float32 sum of the row's real values, so C v costs O(H * d) per token
-    rather than a cumulative mean over the whole cache.
-
-A cache is a dict of arrays: "keys" and "values" [B, H, Tmax, d] (compute dtype), plus
-"value_sum" [B, H, d] (float32) for the fused, centred case. Heads come before time so
-that attention reads each head's keys and values as one contiguous matrix: in the [B, T, H,
-d] layout of the training path XLA copied the whole cache into that order at every step,
-which halved the decoding speed at batch 16 on CPU.
+Row b holds its sequence at slots 0 .. index[b]-1; a chunk of new tokens is written from
+index[b] on, its first `lengths[b]` real. The index advances past real tokens only (the next
+chunk overwrites the padding) and a query at p sees keys 0..p: every token is computed as in
+the full pass of its row alone, with no key mask. The fused form keeps C v as a running
+float32 sum of the real values, O(H * d) per token. A cache: "keys" and "values" [B, H, Tmax,
+d] (heads before time: [B, T, H, d] made XLA copy the cache at every step, half the decoding
+speed), plus "value_sum" [B, H, d] (float32) when fused and centred.
 """
 from typing import Dict, Tuple
 
@@ -36,11 +24,6 @@ def cache_names(impl: str, centred: bool) -> Tuple[str, ...]:
   return ("keys", "values") + (("value_sum",) if impl == "fused" and centred else ())
 
 
-def cache_shape(batch: int, length: int, num_heads: int, head_dim: int) -> Tuple[int, ...]:
-  """Shape of the "keys" / "values" cache: [B, H, Tmax, d]."""
-  return (batch, num_heads, length, head_dim)
-
-
 def write(cache_BHKd, new_BQHd, index_B) -> jax.Array:
   """The cache with row b's `new` written at time slots index[b] .. index[b]+Tq-1."""
   B, Tq = new_BQHd.shape[:2]
@@ -50,11 +33,8 @@ def write(cache_BHKd, new_BQHd, index_B) -> jax.Array:
 
 
 def running_centred_values(sum_BHd, v_BQHd, index_B, lengths_B):
-  """(C v at each new query, float32 [B, Q, H, d]; the running sum after the real tokens).
-  The C v term of docs/model.md, Eq. (6), for causal C.
-
-  `sum_BHd` is the sum of the row's values at positions 0 .. index[b]-1.
-  """
+  """(C v at each new query, float32 [B, Q, H, d] (Eq. (6), causal C); the running sum after
+  the real tokens), from `sum_BHd`, the sum of the row's values at positions 0 .. index[b]-1."""
   Tq = v_BQHd.shape[1]
   v_BQHd = v_BQHd.astype(jnp.float32)
   inclusive_BQHd = sum_BHd[:, None] + jnp.cumsum(v_BQHd, axis=1)
@@ -68,11 +48,9 @@ def running_centred_values(sum_BHd, v_BQHd, index_B, lengths_B):
 def cached_shaped_attention(q_BQHd, k_BQHd, v_BQHd, cache: Cache, index_B, lengths_B, *,
                             resid_gain, skip_gain, centre_gain, impl: attention.Impl,
                             logit_soft_cap=None) -> Tuple[jax.Array, Cache]:
-  """Causal shaped attention of Tq new tokens per row against the cache; (out, new cache).
-
-  out [B, Q, H, d] equals, at every real token, what `attention.shaped_attention` gives for
-  that token in the full sequence of its row (to float32 round-off). Gains as there.
-  """
+  """(out [B, Q, H, d], new cache): causal shaped attention of Tq new tokens per row against
+  the cache, at every real token what `attention.shaped_attention` gives in the full sequence
+  of its row (to float32 round-off). Gains as there."""
   new = dict(cache, keys=write(cache["keys"], k_BQHd, index_B),
              values=write(cache["values"], v_BQHd, index_B))
   # Views in the attention layout; XLA folds the transposes into the matrix products.
@@ -84,12 +62,12 @@ def cached_shaped_attention(q_BQHd, k_BQHd, v_BQHd, cache: Cache, index_B, lengt
         logit_soft_cap=logit_soft_cap)
     return out_BQHd, new
 
-  # Fused and centred: C v from the running sum, not a cumulative mean over the whole cache.
-  # The identity term takes the new values as they are: gathering them back from the cache
-  # view would make XLA transpose the whole cache.
+  # Fused and centred: C v from the running sum; the identity term takes the new values as
+  # they are (gathering them from the cache view would make XLA transpose the whole cache).
   attended_BQHd = attention.attention(q_BQHd, k_BKHd, v_BKHd, causal=True, query_offset=index_B,
                                       impl="fused")   # A v (a gain of 1 is exact)
   mean_BQHd, new["value_sum"] = running_centred_values(cache["value_sum"], v_BQHd, index_B,
                                                        lengths_B)
-  return attention.combine_fused_terms(attended_BQHd, resid_gain, skip_gain, v_BQHd,
-                                       centre_gain, mean_BQHd), new
+  terms = [] if skip_gain is None else [(skip_gain, v_BQHd)]
+  terms.append((centre_gain, -mean_BQHd))
+  return attention.combine_fused_terms(attended_BQHd, resid_gain, terms), new

@@ -1,19 +1,13 @@
 """The stack of blocks: unrolled (one module per layer, `h_<l>`), or scanned (`model.scan_layers`).
 
 Scanned, the layers that share their structure run as one `nn.scan` over a module whose
-parameters carry a leading layer axis, so the step compiles one block body however deep the
-model is. Layers differ only where the config makes them differ (valproj.py, block.py):
-  * layer 0 when `first_layer_value_resid_gain` is set, or with `norm_type="none"` (its input
-    LayerNorm);
-  * the last layer when `last_layer_proj_resid_gain` is set.
-Those stay outside the scan under their unrolled names; the run between them is one module
-`h_<first>_to_<last>` (e.g. `h_1_to_17` for SAS-P at 18 layers; `h_0_to_17` for Pre-LN). A
-model with fewer than two such layers (L < 3) stays unrolled.
-Anchors (`constants`) keep their unrolled layout and are stacked per call.
-
-`model.remat` rematerialises each block in the backward pass (`nn.remat`), scanned or not.
-`stack_layers` / `unstack_layers` convert a params (or cache) tree between the two layouts,
-exactly: the same weights give the same losses and gradients either way.
+parameters carry a leading layer axis, so the step compiles one block body at any depth. Only
+layer 0 (with `first_layer_value_resid_gain` or `norm_type="none"`) and the last layer (with
+`last_layer_proj_resid_gain`) can differ; they stay outside the scan under their unrolled
+names, and the run between them is one module `h_<first>_to_<last>` (`h_1_to_17` for SAS-P at
+18 layers, `h_0_to_17` for Pre-LN). Fewer than two shared layers: unrolled. Anchors keep their
+unrolled layout. `model.remat` rematerialises each block (`nn.remat`), scanned or not.
+`stack_layers` / `unstack_layers` convert a params (or cache) tree between the layouts exactly.
 """
 import re
 from typing import Any, Dict, Optional, Tuple
@@ -25,18 +19,6 @@ import jax.numpy as jnp
 from simplified_flax.model import block
 from simplified_flax.model import valproj
 
-_STACKED = re.compile(r"h_(\d+)_to_(\d+)$")
-
-
-def scan_on(m) -> bool:
-  """`model.scan_layers` (False for configs saved before the field existed)."""
-  return bool(m.get("scan_layers", False))
-
-
-def remat_on(m) -> bool:
-  return bool(m.get("remat", False))
-
-
 def _signature(m, layer: int) -> Tuple[Any, ...]:
   """Everything a block's structure and constants depend on besides its weights."""
   first_norm = "ln" if (m.norm_type == "none" and layer == 0) else m.norm_type
@@ -46,7 +28,7 @@ def _signature(m, layer: int) -> Tuple[Any, ...]:
 def scanned_layers(m) -> Optional[range]:
   """The layers one scan runs (all but a differing first / last), or None: unrolled."""
   L = m.n_layer
-  if not scan_on(m) or L < 3:
+  if not m.get("scan_layers", False) or L < 3:   # absent from configs saved before it
     return None
   shared = _signature(m, L // 2)
   first = 0 if _signature(m, 0) == shared else 1
@@ -63,12 +45,10 @@ def stacked_name(layers: range) -> str:
 
 def layers_of(name: str) -> Optional[range]:
   """The layers module `name` holds: `h_3` -> range(3, 4), `h_1_to_16` -> range(1, 17)."""
-  match = _STACKED.match(name)
-  if match:
-    return range(int(match.group(1)), int(match.group(2)) + 1)
-  if re.fullmatch(r"h_\d+", name):
-    return range(int(name[2:]), int(name[2:]) + 1)
-  return None
+  match = re.fullmatch(r"h_(\d+)(?:_to_(\d+))?", name)
+  if match is None:
+    return None
+  return range(int(match.group(1)), int(match.group(2) or match.group(1)) + 1)
 
 
 class LayerStep(block.Block):
@@ -90,7 +70,8 @@ def run_blocks(parent: nn.Module, m, x_BTD, anchors: Dict[str, Any], *, causal: 
   scanned = scanned_layers(m)
   emit = parent.is_mutable_collection("intermediates")
   # Under scan, CSE cannot undo the rematerialisation, so it need not be prevented.
-  scan_step = nn.remat(LayerStep, prevent_cse=False) if remat_on(m) else LayerStep
+  remat = m.get("remat", False)
+  scan_step = nn.remat(LayerStep, prevent_cse=False) if remat else LayerStep
   per_layer = (key_mask, segment_ids, cache_index, lengths)
   layer = 0
   while layer < m.n_layer:
@@ -105,14 +86,9 @@ def run_blocks(parent: nn.Module, m, x_BTD, anchors: Dict[str, Any], *, causal: 
         parent.sow("intermediates", "hidden", hidden_LBTD[i])
       layer = scanned.stop
       continue
-    layer_anchors = anchors.get(f"layer_{layer}", {})
-    if remat_on(m):
-      x_BTD, _ = nn.remat(LayerStep)(m, layer, causal, dtype, train=train, name=f"h_{layer}")(
-          x_BTD, layer_anchors, *per_layer)
-    else:   # exactly the unrolled model of configs that predate the switches
-      x_BTD = block.Block(m, layer, causal, dtype, name=f"h_{layer}")(
-          x_BTD, layer_anchors, key_mask=key_mask, segment_ids=segment_ids, train=train,
-          cache_index=cache_index, lengths=lengths)
+    unrolled_step = nn.remat(LayerStep) if remat else LayerStep
+    x_BTD, _ = unrolled_step(m, layer, causal, dtype, train=train, name=f"h_{layer}")(
+        x_BTD, anchors.get(f"layer_{layer}", {}), *per_layer)
     parent.sow("intermediates", "hidden", x_BTD)
     layer += 1
   return x_BTD

@@ -1,7 +1,5 @@
-"""Building blocks of the block (docs/model.md): norms, gains, the reparameterised linear, the MLP.
-
-A gain whose trainable flag is off is a plain constant, not a variable, so no optimiser can
-move it and it never appears in the parameter tree.
+"""Parts of the block (docs/model.md): norms, gains, the linear layers and their one product, the
+MLP. A gain whose trainable flag is off is a constant, never in the parameter tree.
 """
 from typing import Any, Callable, Optional
 
@@ -9,7 +7,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simplified_flax.model import grad_rules as grad_rules_lib
+from simplified_flax.model import grad_rules
+from simplified_flax.model import quantize
 
 NORM_TYPES = ("ln", "rmsnorm", "none")
 INIT_TYPES = ("normal", "orth", "id")
@@ -38,14 +37,13 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(norm_type: str, eps: float, dtype, name: str) -> Callable:
-  """A norm module, or the identity for "none"."""
+  """A norm module ("rmsnorm", "ln"), or the identity for "none"."""
   if norm_type == "rmsnorm":
     return RMSNorm(eps=eps, dtype=dtype, name=name)
   if norm_type == "ln":
     return nn.LayerNorm(epsilon=eps, dtype=dtype, name=name)
-  if norm_type == "none":
-    return lambda x: x
-  raise ValueError(f"Unknown norm_type {norm_type!r}; expected one of {NORM_TYPES}.")
+  assert norm_type == "none", norm_type
+  return lambda x: x
 
 
 def normal_init(std: float):
@@ -54,139 +52,74 @@ def normal_init(std: float):
 
 
 def kernel_init(init_type: str, std: Optional[float] = None):
-  """Initialiser of a plain [D_in, D_out] kernel: normal(0.02), orthogonal or identity."""
-  if std is not None:
-    return normal_init(std)
-  if init_type == "normal":
-    return normal_init(PLAIN_STD)
+  """Initialiser of a plain [D_in, D_out] kernel: N(0, std) if `std` is set, else by
+  `init_type`: N(0, 0.02), orthogonal or identity."""
+  if std is not None or init_type == "normal":
+    return normal_init(PLAIN_STD if std is None else std)
   if init_type == "orth":
     return nn.initializers.orthogonal()
-  if init_type == "id":
-    return lambda key, shape, dtype=jnp.float32: jnp.eye(*shape, dtype=dtype)
-  raise ValueError(f"Unknown init type {init_type!r}; expected one of {INIT_TYPES}.")
+  assert init_type == "id", init_type
+  return lambda key, shape, dtype=jnp.float32: jnp.eye(*shape, dtype=dtype)
 
 
-def anchor_matrix(key, init_type: str, dim: int) -> jax.Array:
-  """The fixed W0 of a reparameterised linear (Eq. (7)): identity, random orthogonal or
-  N(0, 1/D)."""
-  if init_type == "id":
-    return jnp.eye(dim, dtype=jnp.float32)
-  if init_type == "orth":
-    return nn.initializers.orthogonal()(key, (dim, dim), jnp.float32)
-  if init_type == "normal":
-    return jax.random.normal(key, (dim, dim), jnp.float32) * dim ** -0.5
-  raise ValueError(f"Unknown init type {init_type!r}; expected one of {INIT_TYPES}.")
+def matmul(x_ND, kernel_DF):
+  """x [.., D] @ kernel [D, F]: the product of every linear layer, where two choices made
+  outside the block code act: `quantize.applied` fake-quantises the operands, `grad_rules`
+  picks the CPU gradient."""
+  x_ND, kernel_DF = quantize.operands(x_ND, kernel_DF)
+  return grad_rules.matmul(x_ND, kernel_DF)
 
 
-def linear_form(resid_gain, skip_gain, init_type) -> str:
-  """Which of the three forms (docs/model.md, "Value and Proj") a Value/Proj takes."""
-  if skip_gain is None:
-    return "plain"
-  if skip_gain == 1 and resid_gain == 0 and init_type == "id":
-    return "identity"
-  return "reparam"
+def dense(features: int, dtype, name: str, kernel_init=normal_init(PLAIN_STD),
+          use_bias: bool = False) -> nn.Dense:
+  """`nn.Dense` (float32 `kernel` [D, F], zero `bias`) computing in `dtype` through `matmul`
+  (Dense contracts x's last axis with the kernel's first: the dimension numbers go unread)."""
+  return nn.Dense(features, use_bias=use_bias, dtype=dtype, kernel_init=kernel_init, name=name,
+                  dot_general=lambda x_ND, kernel_DF, *_, **__: matmul(x_ND, kernel_DF))
 
 
-class Projection(nn.Module):
-  """A module whose matrix product is `project(x, kernel_DF)`: the one place every linear layer
-  (Linear, ReparamLinear, the tied head) multiplies by its weight, so that an evaluation can
-  rewrite all of them from outside (model/quantize.py, a Flax method interceptor). Subclasses
-  define `dtype` and `grad_rules`."""
-
-  def project(self, x_BTD, kernel_DF):
-    """x [.., D] @ kernel [D, F] in the compute dtype."""
-    matmul = grad_rules_lib.matmul(self.grad_rules)
-    return matmul(x_BTD.astype(self.dtype), kernel_DF.astype(self.dtype))
-
-
-class ReparamLinear(Projection):
-  """Value / output projection (He & Hofmann 2024, Sec. 4.2), [.., D] -> [.., D], no bias.
-
-  * identity: no parameters;
-  * plain: `x @ W`, W initialised by `init_type` (or N(0, init_std));
-  * reparam: `x @ (resid_gain * W + skip_gain * W0)`, the W_eff of docs/model.md, Eq. (7);
-    W trainable and zero at init (or N(0, init_std)), W0 the fixed `anchor` passed in (it
-    lives in the `constants` collection).
+class ReparamLinear(nn.Module):
+  """Value / output projection ([SB] Sec. 4.2), [.., D] -> [.., D], no bias, in the form of
+  `settings.form`: the identity (no parameters); plain `x @ W`, W initialised by `init_type`
+  (or N(0, init_std)); reparameterised `x @ (resid_gain * W + skip_gain * W0)` (Eq. (7)), W
+  zero at init (or N(0, init_std)), W0 the fixed `anchor` passed in (`constants`).
   """
-  resid_gain: float
-  skip_gain: Optional[float]
-  init_type: str
-  trainable_gains: bool
-  init_std: Optional[float] = None
+  settings: Any   # valproj.LinearSettings
   dtype: Any = jnp.float32
-  grad_rules: str = "auto"   # grad_rules.py
 
   @nn.compact
   def __call__(self, x_BTD, anchor_DD=None):
-    D = x_BTD.shape[-1]
-    form = linear_form(self.resid_gain, self.skip_gain, self.init_type)
-    if form == "identity":
+    s, D = self.settings, x_BTD.shape[-1]
+    if s.form == "identity":
       return x_BTD
-    if form == "plain":
-      return Linear(D, kernel_init=kernel_init(self.init_type, self.init_std), dtype=self.dtype,
-                    grad_rules=self.grad_rules, name="linear")(x_BTD)
-    w_DD = self.param("kernel", normal_init(self.init_std or 0.0), (D, D), jnp.float32)
-    resid = gain(self, "resid_gain", self.resid_gain, self.trainable_gains)
-    skip = gain(self, "skip_gain", self.skip_gain, self.trainable_gains)
-    return self.project(x_BTD, resid * w_DD + skip * anchor_DD)
+    if s.form == "plain":
+      return dense(D, self.dtype, "linear", kernel_init(s.init_type, s.init_std))(x_BTD)
+    w_DD = self.param("kernel", normal_init(s.init_std or 0.0), (D, D), jnp.float32)
+    resid = gain(self, "resid_gain", s.resid_gain, s.trainable_gains)
+    skip = gain(self, "skip_gain", s.skip_gain, s.trainable_gains)
+    return matmul(x_BTD.astype(self.dtype), (resid * w_DD + skip * anchor_DD).astype(self.dtype))
 
 
-class Linear(Projection):
-  """`x @ kernel (+ bias)`: `nn.Dense`'s parameters (`kernel` [D, F] float32, `bias` zeros)
-  and numerics, computed in `dtype`; `grad_rules` may give it a faster kernel gradient on CPU."""
-  features: int
-  use_bias: bool = False
-  kernel_init: Callable = normal_init(PLAIN_STD)
-  dtype: Any = jnp.float32
-  grad_rules: str = "auto"   # grad_rules.py
-
-  @nn.compact
-  def __call__(self, x_BTD):
-    kernel_DF = self.param("kernel", self.kernel_init, (x_BTD.shape[-1], self.features),
-                           jnp.float32)
-    y_BTF = self.project(x_BTD, kernel_DF)
-    if self.use_bias:
-      bias_F = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
-      y_BTF = y_BTF + bias_F.astype(self.dtype)
-    return y_BTF
-
-
-class TiedHead(Projection):
-  """The LM head tied to the token embedding: x [B, T, D] @ embedding^T -> float32 logits
-  [B, T, V] (float32 accumulation for a stable softmax cross-entropy). No parameters."""
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x_BTD, embedding_VD):
-    return self.project(x_BTD, embedding_VD.T)
-
-  def project(self, x_BTD, kernel_DF):
-    return jnp.einsum("btd,dv->btv", x_BTD.astype(self.dtype), kernel_DF.astype(self.dtype),
-                      preferred_element_type=jnp.float32)
-
-
-def activation_fn(name: str, lrelu_neg_slope: float) -> Callable:
-  if name == "leaky_relu":
-    return lambda x: jax.nn.leaky_relu(x, lrelu_neg_slope)
-  if name == "gelu":
-    return lambda x: jax.nn.gelu(x, approximate=False)
-  raise ValueError(f"Unknown activation {name!r}; expected one of {ACTIVATIONS}.")
+def tied_head(x_BTD, embedding_VD, dtype) -> jax.Array:
+  """x [B, T, D] @ embedding^T in `dtype` -> float32 logits [B, T, V] (float32 accumulation,
+  for a stable softmax cross-entropy); quantised as every linear layer."""
+  x_BTD, table_DV = quantize.operands(x_BTD.astype(dtype), embedding_VD.T.astype(dtype))
+  return jnp.einsum("btd,dv->btv", x_BTD, table_DV, preferred_element_type=jnp.float32)
 
 
 class MLP(nn.Module):
-  """`act(x @ W_fc) @ W_proj`, both without bias, N(0, 0.02) (W_proj: N(0, proj_init_std))."""
-  width_mult: int
-  activation: str
-  lrelu_neg_slope: float
-  proj_init_std: Optional[float] = None
+  """`act(x @ W_fc) @ W_proj`, both without bias, N(0, 0.02) (W_proj: N(0, mlp_proj_init_std)),
+  F = mlp_width_mult * D."""
+  cfg: Any     # FrozenConfigDict: the model config
   dtype: Any = jnp.float32
-  grad_rules: str = "auto"   # grad_rules.py
 
   @nn.compact
   def __call__(self, x_BTD):
-    D = x_BTD.shape[-1]
-    h_BTF = Linear(self.width_mult * D, dtype=self.dtype, grad_rules=self.grad_rules,
-                   name="c_fc")(x_BTD)
-    h_BTF = activation_fn(self.activation, self.lrelu_neg_slope)(h_BTF)
-    return Linear(D, kernel_init=kernel_init("normal", self.proj_init_std), dtype=self.dtype,
-                  grad_rules=self.grad_rules, name="c_proj")(h_BTF)
+    m, D = self.cfg, x_BTD.shape[-1]
+    h_BTF = dense(m.mlp_width_mult * D, self.dtype, "c_fc")(x_BTD)
+    if m.activation == "gelu":
+      h_BTF = jax.nn.gelu(h_BTF, approximate=False)
+    else:
+      assert m.activation == "leaky_relu", m.activation
+      h_BTF = jax.nn.leaky_relu(h_BTF, m.lrelu_neg_slope)
+    return dense(D, self.dtype, "c_proj", kernel_init("normal", m.mlp_proj_init_std))(h_BTF)

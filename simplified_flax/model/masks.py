@@ -1,9 +1,6 @@
-"""Which keys each query may see, and picking rows by position (used by attention.py).
-
-Queries sit at absolute positions `query_offset .. query_offset + Q - 1` of the key sequence
-(Q == K and offset 0 in training); a [B] offset gives each row its own (a KV cache whose rows
-hold sequences of different lengths). Packed `segment_ids` [B, K] must be contiguous runs (as
-sequence packing produces).
+"""Which keys each query may see, and picking rows by position (used by attention.py). Queries
+sit at positions `query_offset .. query_offset + Q - 1` of the keys (a [B] offset: one per row,
+as in a KV cache); packed `segment_ids` [B, K] are contiguous runs.
 """
 import jax
 import jax.numpy as jnp

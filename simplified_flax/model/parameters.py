@@ -1,5 +1,4 @@
-"""The one parameter counter: sizes of variable trees, and of a config's model without
-allocating it (`jax.eval_shape`)."""
+"""The one parameter counter: of variable trees, or of a config's model without allocating it."""
 import functools
 import json
 from typing import Dict

@@ -1,19 +1,14 @@
-"""Per-layer Value / Proj settings and their fixed anchor matrices W0 (docs/model.md, "Value
-and Proj", the W0 of Eq. (7)).
-
-The anchors are drawn once, at init, by `anchor_matrices` for the whole stack, because
-`tie_valproj_init` couples them across modules and across layers:
-  * "all_blocks": each block's Proj anchor is its Value anchor transposed;
-  * "last_block": the last Proj anchor undoes the product of every earlier Value/Proj anchor,
-    so the fixed part of the whole value path is the identity at init.
+"""Per-layer Value / Proj settings and their fixed anchor matrices W0 (Eq. (7); docs/model.md,
+"Value and Proj"). The anchors are drawn once, at init, for the whole stack, because
+`tie_valproj_init` couples them: "all_blocks" makes each Proj anchor its Value anchor
+transposed; "last_block" makes the last Proj anchor undo the product of every earlier one.
 """
 import dataclasses
 from typing import Dict, Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-
-from simplified_flax.model import layers
 
 TIE_MODES = ("none", "all_blocks", "last_block")
 
@@ -28,25 +23,36 @@ class LinearSettings:
 
   @property
   def form(self) -> str:
-    return layers.linear_form(self.resid_gain, self.skip_gain, self.init_type)
+    """"plain", "identity" or "reparam" (docs/model.md, "Value and Proj")."""
+    if self.skip_gain is None:
+      return "plain"
+    if self.skip_gain == 1 and self.resid_gain == 0 and self.init_type == "id":
+      return "identity"
+    return "reparam"
 
 
 def value_settings(m, layer: int) -> LinearSettings:
-  resid = m.value_resid_gain
-  if layer == 0 and m.first_layer_value_resid_gain is not None:
-    resid = m.first_layer_value_resid_gain
-  return LinearSettings(resid_gain=resid, skip_gain=m.value_skip_gain,
-                        init_type=m.val_init_type, trainable_gains=m.trainable_value_gains,
-                        init_std=m.val_proj_init_std)
+  first = layer == 0 and m.first_layer_value_resid_gain is not None
+  return LinearSettings(m.first_layer_value_resid_gain if first else m.value_resid_gain,
+                        m.value_skip_gain, m.val_init_type, m.trainable_value_gains,
+                        m.val_proj_init_std)
 
 
 def proj_settings(m, layer: int) -> LinearSettings:
-  resid = m.proj_resid_gain
-  if layer == m.n_layer - 1 and m.last_layer_proj_resid_gain is not None:
-    resid = m.last_layer_proj_resid_gain
-  return LinearSettings(resid_gain=resid, skip_gain=m.proj_skip_gain,
-                        init_type=m.proj_init_type, trainable_gains=m.trainable_proj_gains,
-                        init_std=m.val_proj_init_std)
+  last = layer == m.n_layer - 1 and m.last_layer_proj_resid_gain is not None
+  return LinearSettings(m.last_layer_proj_resid_gain if last else m.proj_resid_gain,
+                        m.proj_skip_gain, m.proj_init_type, m.trainable_proj_gains,
+                        m.val_proj_init_std)
+
+
+def anchor_matrix(key, init_type: str, dim: int) -> jax.Array:
+  """A fixed W0 (Eq. (7)): identity, random orthogonal or N(0, 1/D)."""
+  if init_type == "id":
+    return jnp.eye(dim, dtype=jnp.float32)
+  if init_type == "orth":
+    return nn.initializers.orthogonal()(key, (dim, dim), jnp.float32)
+  assert init_type == "normal", init_type
+  return jax.random.normal(key, (dim, dim), jnp.float32) * dim ** -0.5
 
 
 def anchor_matrices(key, m) -> Dict[str, Dict[str, jax.Array]]:
@@ -60,9 +66,9 @@ def anchor_matrices(key, m) -> Dict[str, Dict[str, jax.Array]]:
     entry = {}
     value_DD = proj_DD = jnp.eye(D, dtype=jnp.float32)
     if v_set.form == "reparam":
-      value_DD = entry["value"] = layers.anchor_matrix(value_key, v_set.init_type, D)
+      value_DD = entry["value"] = anchor_matrix(value_key, v_set.init_type, D)
     if p_set.form == "reparam":
-      proj_DD = layers.anchor_matrix(proj_key, p_set.init_type, D)
+      proj_DD = anchor_matrix(proj_key, p_set.init_type, D)
       if m.tie_valproj_init == "all_blocks":
         proj_DD = value_DD.T
       elif m.tie_valproj_init == "last_block" and layer == m.n_layer - 1:

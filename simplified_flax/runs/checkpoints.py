@@ -28,6 +28,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from simplified_flax import config_files
 from simplified_flax import storage
 from simplified_flax.runs.fingerprint import fingerprint
 
@@ -121,15 +122,9 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_di
 
 # --------------------------------------------------------------------- config compatibility
 
-def flatten_config(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten_config(d: dict) -> dict[str, Any]:
   """{"model": {"n_layer": 2}} -> {"model.n_layer": 2}."""
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(flatten_config(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
+  return {k: v for k, v in config_files.dotted_items(d) if not isinstance(v, dict)}
 
 
 def config_differences(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:

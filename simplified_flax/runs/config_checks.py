@@ -1,90 +1,140 @@
-"""The whole experiment config checked at once, before anything is built or written.
+"""The whole config checked once per start, before anything is built, read or written.
 
-`validate_run_config(config)` runs the model's rules (`model/checks.py`), then every rule of
-the training, parallelism, optimiser and data fields. It reads nothing from disk and writes
-nothing: an entry point calls it first, so that a bad value fails in a second with one
-`ConfigError` naming the field and the fix, before a tokenizer is trained, a dataset is
-prepared or a file appears in the workdir. `validate_config(config)` is the same without the
-data and device rules: what `step.create_train_state` checks.
+`validate_run_config` is the one check: every entry point (train, evaluate, sample, params,
+prepare, and `finetune` through `validate_finetune_config`) calls it first, so that a bad value
+fails in a second with one `ConfigError` line naming the field and the fix, before a tokenizer
+is trained, a dataset prepared or the workdir created. It reads no file and runs no JAX; the
+model, the train step and the placement then trust the config.
 """
 import numbers
+from operator import attrgetter
 
-from simplified_flax.model import checks
+from simplified_flax.model import attention_kernels
+from simplified_flax.model import grad_rules
+from simplified_flax.model import layers
 from simplified_flax.model import transformer
-from simplified_flax.model.checks import ConfigError, one_of, require
+from simplified_flax.model import valproj
 
 SCHEDULES = ("linear", "cosine", "rsqrt", "constant")
 OPTIMIZERS = ("adamw", "muon")   # optimizer.name (training/optimizer.py builds each)
 PARALLEL_MODES = ("jit", "pmap")
 TOKENIZERS = ("byte", "sentencepiece")
 
-__all__ = ["ConfigError", "validate_config", "validate_run_config", "validate_finetune_config"]
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message names the field and the fix."""
 
 
-def _is_int(value) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def require(ok: bool, message: str) -> None:
+  """Raises ConfigError(message) unless `ok`."""
+  if not ok:
+    raise ConfigError(message)
 
 
-def _is_number(value) -> bool:
-  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+def one_of(value, allowed, field: str) -> None:
+  """Raises ConfigError unless `value` is one of `allowed`, naming `field` and the choices."""
+  require(value in allowed, f"{field}={value!r} is unknown: use one of {list(allowed)}.")
 
 
-def _int_at_least(config, field: str, low: int, meaning: str = "", prefix: str = "") -> None:
-  value = _get(config, field)
-  require(_is_int(value) and value >= low,
-          f"{prefix}{field}={value!r} must be an integer >= {low}{meaning}.")
+def _int_at_least(config, field: str, low: int, meaning: str = "", prefix: str = "", *,
+                  unset: str = "") -> None:
+  """An integer >= low; given `unset` (what None means), None too."""
+  value = attrgetter(field)(config)
+  is_int = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+  require((unset and value is None) or (is_int and value >= low),
+          f"{prefix}{field}={value!r} must be {f'unset ({unset}) or ' if unset else ''}an "
+          f"integer >= {low}{meaning}.")
 
 
-def _in_range(config, field: str, low: float, high: float, *, low_open: bool = False,
-              high_open: bool = False, prefix: str = "") -> None:
-  value = _get(config, field)
-  above = value > low if low_open else value >= low
-  below = value < high if high_open else value <= high
-  interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-  require(_is_number(value) and above and below,
-          f"{prefix}{field}={value!r} must lie in {interval}.")
-
-
-def _get(config, dotted: str):
-  node = config
-  for part in dotted.split("."):
-    node = node[part]
-  return node
-
-
-def validate_config(config) -> None:
-  """Raises ConfigError for the first model, training, parallelism or optimiser field of
-  `config` that cannot work (no data or device rules). Pure and cheap, as every check here:
-  no file is read or written, no JAX computation runs."""
-  checks.validate_model_config(config.model, require_vocab=False)
-  _training_rules(config)
-  _optimizer_rules(config)
+def _in_range(config, field: str, low: float, high: float | None = None, *,
+              low_open: bool = False, high_open: bool = False, meaning: str = "",
+              prefix: str = "") -> None:
+  """A number in [low, high] (the open ends as asked; high=None: no upper bound)."""
+  value = attrgetter(field)(config)
+  number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+  ok = number and (value > low if low_open else value >= low) and (
+      high is None or (value < high if high_open else value <= high))
+  bound = (f"{'>' if low_open else '>='} {low}" if high is None else
+           f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}")
+  require(ok, f"{prefix}{field}={value!r} must be a number {bound}{meaning}.")
 
 
 def validate_run_config(config, device_count: int | None = None) -> None:
-  """Raises ConfigError for the first field of `config` that cannot work. `device_count`
-  (default: none checked) is the number of devices the global batch is split over."""
-  validate_config(config)
-  if device_count is not None:
-    device_rules(config, device_count)
+  """Raises ConfigError for the first field of `config` that cannot work. An unset
+  `model.vocab_size` passes (the tokenizer sets it); `device_count` (default: not checked) is
+  the number of devices the global batch is split over."""
+  validate_model_config(config.model, require_vocab=False)
+  _training_rules(config)
+  _parallel_rules(config, device_count)
+  _optimizer_rules(config)
   _data_rules(config)
 
 
-def device_rules(config, device_count: int) -> None:
-  """The global batch and the parameter-sharding axis split over `device_count` devices."""
-  require(config.batch_size % device_count == 0,
-          f"batch_size={config.batch_size} does not split over the {device_count} devices: "
-          f"use a multiple of {device_count}.")
-  require(device_count % config.parallel.fsdp == 0,
-          f"parallel.fsdp={config.parallel.fsdp} must divide the {device_count} devices.")
+def validate_model_config(m, require_vocab: bool = True) -> None:
+  """Raises ConfigError for a model config (`config.model`) that cannot build a working model;
+  `require_vocab=False` accepts an unset vocab_size."""
+  require((m.vocab_size is None and not require_vocab) or (m.vocab_size or 0) > 0,
+          f"model.vocab_size={m.vocab_size!r}: set it to the tokenizer's vocabulary size "
+          f"(training does this from config.data).")
+  for name in ("n_layer", "n_embd", "n_head", "context_length", "max_position_embeddings",
+               "mlp_width_mult"):
+    _int_at_least(m, name, 1, prefix="model.")
+  require(m.n_embd % m.n_head == 0,
+          f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}: choose "
+          f"n_embd = n_head * head_dim.")
+  require(m.context_length <= m.max_position_embeddings,
+          f"model.context_length={m.context_length} is longer than the position table "
+          f"model.max_position_embeddings={m.max_position_embeddings}: raise "
+          f"max_position_embeddings or shorten context_length.")
+  for name, allowed in (("kind", ("decoder", "encoder")), ("norm_type", layers.NORM_TYPES),
+                        ("norm_position", ("pre", "post")), ("qk_norm_type", ("none", "rmsnorm")),
+                        ("dot_norm_type", ("none", "tanh")), ("activation", layers.ACTIVATIONS),
+                        ("val_init_type", layers.INIT_TYPES),
+                        ("proj_init_type", layers.INIT_TYPES),
+                        ("attention_impl", attention_kernels.REQUESTS),
+                        ("tie_valproj_init", valproj.TIE_MODES)):
+    one_of(m[name], allowed, f"model.{name}")
+  one_of(grad_rules.mode_of(m), grad_rules.MODES, "model.grad_rules")
+  for name in ("scan_layers", "remat"):
+    one_of(m.get(name, False), (False, True), f"model.{name}")
+  _in_range(m, "norm_eps", 0, low_open=True, prefix="model.")
+  _in_range(m, "dropout_rate", 0, 1, high_open=True, prefix="model.")
+  _model_structure_rules(m)
+
+
+def _model_structure_rules(m) -> None:
+  """Settings that conflict with each other; the tied head's loss chunking and padding."""
+  if m.parallel_layers:
+    require(m.attn_block_skip_gain == 0,
+            f"model.attn_block_skip_gain={m.attn_block_skip_gain} has no effect with "
+            f"model.parallel_layers=True (the parallel block's only skip is "
+            f"mlp_block_skip_gain): set --config.model.attn_block_skip_gain=0.")
+    require(m.norm_position == "pre",
+            f"model.norm_position={m.norm_position!r} is not supported with "
+            f"model.parallel_layers=True: the parallel block normalises its input once; "
+            f"use norm_position='pre'.")
+  require(m.tie_valproj_init == "none" or (m.value_skip_gain is not None
+                                           and m.proj_skip_gain is not None),
+          f"model.tie_valproj_init={m.tie_valproj_init!r} ties the fixed matrices of "
+          f"reparameterised Value/Proj layers, but model.value_skip_gain={m.value_skip_gain} / "
+          f"model.proj_skip_gain={m.proj_skip_gain} make them plain linears: set both skip "
+          f"gains (e.g. 1.0) or use tie_valproj_init='none'.")
+  require(m.attention_impl != "fused" or m.dot_norm_type == "none",
+          "model.dot_norm_type='tanh' soft-caps logits, which jax.nn.dot_product_attention "
+          "cannot: use model.attention_impl='explicit'.")
+  for name, low, meaning in (
+      ("loss_vocab_chunk_size", 0, " (vocabulary entries per loss chunk; 0: full logits)"),
+      ("vocab_pad_multiple", 1, " (1: no padding; 128 pads the head's matmul to 128s)")):
+    if name in m:   # absent in configs saved before it existed
+      _int_at_least(m, name, low, meaning, prefix="model.")
 
 
 def _training_rules(config) -> None:
-  batch, accum, steps = config.batch_size, config.grad_accum_steps, config.num_train_steps
-  require(_is_int(batch) and batch > 0, f"batch_size={batch!r} must be a positive integer.")
-  require(accum >= 1 and batch % accum == 0,
-          f"grad_accum_steps={accum!r} must be >= 1 and divide batch_size={batch}.")
-  require(_is_int(steps) and steps > 0, f"num_train_steps={steps!r} must be a positive integer.")
+  for name in ("batch_size", "num_train_steps", "grad_accum_steps"):
+    _int_at_least(config, name, 1)
+  require(config.batch_size % config.grad_accum_steps == 0,
+          f"grad_accum_steps={config.grad_accum_steps} must divide batch_size="
+          f"{config.batch_size}.")
   one_of(config.dtype, tuple(transformer.DTYPES), "dtype")
   _int_at_least(config, "log_every_steps", 0, " (0: log the last step only)")
   _int_at_least(config, "eval_every_steps", 0, " (0: never evaluate)")
@@ -97,47 +147,43 @@ def _training_rules(config) -> None:
   require(keep_every == 0 or every == 0 or keep_every % every == 0,
           f"keep_every_steps={keep_every} is not a multiple of checkpoint_every_steps="
           f"{every}: no saved step would be kept; use a multiple (e.g. {every * 10}).")
-  restore = config.restore_step
-  require(restore is None or (_is_int(restore) and restore >= 0),
-          f"restore_step={restore!r} must be unset (the latest good checkpoint), 0 (start "
-          f"over) or a kept checkpoint step.")
+  _int_at_least(config, "restore_step", 0, " (0: start over; else a kept checkpoint step)",
+                unset="the latest good checkpoint")
   _int_at_least(config, "diagnostics_every", 0, " (0: never)")
   _int_at_least(config, "seed", 0)
-  parallel_rules(config)
 
 
-def parallel_rules(config) -> None:
-  """Raises ConfigError unless `config.parallel` names a mode and an FSDP degree that work
-  together (reads only `config.parallel`)."""
+def _parallel_rules(config, device_count: int | None) -> None:
+  """The mode, the FSDP degree and, given `device_count`, the split of the global batch."""
+  fsdp = config.parallel.fsdp
   one_of(config.parallel.mode, PARALLEL_MODES, "parallel.mode")
   _int_at_least(config, "parallel.fsdp", 1)
-  require(config.parallel.fsdp == 1 or config.parallel.mode == "jit",
-          f"parallel.fsdp={config.parallel.fsdp} shards parameters only under "
-          f"parallel.mode='jit': set parallel.mode='jit' or parallel.fsdp=1.")
+  require(fsdp == 1 or config.parallel.mode == "jit",
+          f"parallel.fsdp={fsdp} shards parameters only under parallel.mode='jit': set "
+          f"parallel.mode='jit' or parallel.fsdp=1.")
+  if device_count is not None:
+    require(config.batch_size % device_count == 0,
+            f"batch_size={config.batch_size} does not split over the {device_count} devices: "
+            f"use a multiple of {device_count}.")
+    require(device_count % fsdp == 0,
+            f"parallel.fsdp={fsdp} must divide the {device_count} devices.")
 
 
 def _optimizer_rules(config) -> None:
   o = config.optimizer
   one_of(o.get("name", "adamw"), OPTIMIZERS, "optimizer.name")
   one_of(o.schedule, SCHEDULES, "optimizer.schedule")
-  require(0 <= o.warmup_fraction <= 1,
-          f"optimizer.warmup_fraction={o.warmup_fraction} must be in [0, 1].")
-  require(_is_number(o.learning_rate) and o.learning_rate > 0,
-          f"optimizer.learning_rate={o.learning_rate!r} must be a positive number.")
-  require(o.warmup_steps is None or (_is_int(o.warmup_steps) and o.warmup_steps >= 0),
-          f"optimizer.warmup_steps={o.warmup_steps!r} must be unset (use warmup_fraction) "
-          f"or an integer >= 0.")
-  require(_is_number(o.weight_decay) and o.weight_decay >= 0,
-          f"optimizer.weight_decay={o.weight_decay!r} must be >= 0.")
-  _in_range(config, "optimizer.b1", 0, 1, high_open=True)
-  _in_range(config, "optimizer.b2", 0, 1, high_open=True)
-  require(_is_number(o.eps) and o.eps > 0, f"optimizer.eps={o.eps!r} must be positive.")
+  _in_range(config, "optimizer.warmup_fraction", 0, 1)
+  _in_range(config, "optimizer.learning_rate", 0, low_open=True)
+  _int_at_least(config, "optimizer.warmup_steps", 0, unset="use warmup_fraction")
+  _in_range(config, "optimizer.weight_decay", 0)
+  for beta in ("b1", "b2"):
+    _in_range(config, f"optimizer.{beta}", 0, 1, high_open=True)
+  _in_range(config, "optimizer.eps", 0, low_open=True)
+  _in_range(config, "optimizer.grad_clip_norm", 0, meaning=" (0: no clipping)")
   if o.get("name", "adamw") == "muon":
     _in_range(config, "optimizer.muon_beta", 0, 1, high_open=True)
-    require(_is_number(o.muon_rms) and o.muon_rms > 0,
-            f"optimizer.muon_rms={o.muon_rms!r} must be a positive number.")
-  require(_is_number(o.grad_clip_norm) and o.grad_clip_norm >= 0,
-          f"optimizer.grad_clip_norm={o.grad_clip_norm!r} must be >= 0 (0: no clipping).")
+    _in_range(config, "optimizer.muon_rms", 0, low_open=True)
 
 
 def _data_rules(config) -> None:
@@ -152,29 +198,28 @@ def _data_rules(config) -> None:
   _int_at_least(config, "data.spm_vocab_size", 5, " (4 special pieces + 1)")
   _int_at_least(config, "data.spm_train_chars", 1)
   _in_range(config, "data.mlm_rate", 0, 1, low_open=True, high_open=True)
-  # Fields that only some data pipelines have (streaming buffers, prepared token shards).
-  for field in ("shuffle_buffer", "shard_docs"):
+  for field in ("shuffle_buffer", "shard_docs"):   # only some pipelines have them
     if field in d:
       _int_at_least(config, f"data.{field}", 1)
   _int_at_least(config, "data.prefetch", 0, " (0: no background thread)")
-  require(isinstance(d.train_split, str) and d.train_split != "",
-          f"data.train_split={d.train_split!r} must name a split, e.g. 'train'.")
-  require(isinstance(d.eval_split, str) and d.eval_split != "",
-          f"data.eval_split={d.eval_split!r} must name a split, e.g. 'validation'.")
+  for field, example in (("train_split", "train"), ("eval_split", "validation")):
+    require(isinstance(d[field], str) and d[field] != "",
+            f"data.{field}={d[field]!r} must name a split, e.g. '{example}'.")
 
 
-def validate_finetune_config(ft) -> None:
-  """Raises ConfigError for a GLUE fine-tuning recipe (`--finetune.*`) that cannot work."""
+def validate_finetune_config(ft, pretrain_config=None) -> None:
+  """Raises ConfigError for a GLUE fine-tuning recipe (`--finetune.*`) that cannot work, or for
+  a given pretraining config (`validate_run_config`; the default, the run's saved config, was
+  checked when that run started)."""
   for name in ("epochs", "batch_size", "eval_batch_size", "log_every_steps"):
     _int_at_least(ft, name, 1, prefix="finetune.")
   for name in ("max_train_examples", "max_eval_examples"):
     _int_at_least(ft, name, 0, " (0: all)", prefix="finetune.")
   _int_at_least(ft, "seed", 0, prefix="finetune.")
-  require(_is_number(ft.learning_rate) and ft.learning_rate > 0,
-          f"finetune.learning_rate={ft.learning_rate!r} must be a positive number.")
-  require(ft.seq_len is None or (_is_int(ft.seq_len) and ft.seq_len >= 1),
-          f"finetune.seq_len={ft.seq_len!r} must be unset (the model's context_length) or >= 1.")
+  _in_range(ft, "learning_rate", 0, low_open=True, prefix="finetune.")
+  _int_at_least(ft, "seq_len", 1, prefix="finetune.", unset="the model's context_length")
   _in_range(ft, "warmup_fraction", 0, 1, prefix="finetune.")
   _in_range(ft, "dropout_rate", 0, 1, high_open=True, prefix="finetune.")
-  require(_is_number(ft.weight_decay) and ft.weight_decay >= 0,
-          f"finetune.weight_decay={ft.weight_decay!r} must be >= 0.")
+  _in_range(ft, "weight_decay", 0, prefix="finetune.")
+  if pretrain_config is not None:
+    validate_run_config(pretrain_config)

@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from simplified_flax import storage
-from simplified_flax.model.checks import ConfigError
+from simplified_flax.runs.config_checks import ConfigError
 from simplified_flax.runs import checkpoints, metrics_io
 
 SET_ASIDE_DIR = "set_aside"

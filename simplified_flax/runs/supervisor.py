@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 
+from simplified_flax import cli
 from simplified_flax.runs import distributed_failure
 
 _CHILD_ENV = "SIMPLIFIED_FLAX_SUPERVISED"
@@ -33,18 +34,11 @@ def is_multihost(coordinator_address, num_processes, auto: bool, environ) -> boo
               or environ.get("JAX_COORDINATOR_ADDRESS") or "JAX_NUM_PROCESSES" in environ)
 
 
-def _flag_value(argv, flag: str):
-  """The last `--flag=value` (or "true" for a bare `--flag`) of `argv`, else None."""
-  given = [a.split("=", 1)[1] if "=" in a else "true" for a in argv
-           if a == f"--{flag}" or a.startswith(f"--{flag}=")]
-  return given[-1] if given else None
-
-
 def joins_multihost_run(argv, environ) -> bool:
   """Whether these command-line arguments make the command join a multi-process run."""
-  auto = (_flag_value(argv, "distributed") or "false").lower() in ("true", "1")
-  return is_multihost(_flag_value(argv, "coordinator_address"),
-                      _flag_value(argv, "num_processes"), auto, environ)
+  auto = (cli.flag_value(argv, "distributed") or "false").lower() in ("true", "1")
+  return is_multihost(cli.flag_value(argv, "coordinator_address"),
+                      cli.flag_value(argv, "num_processes"), auto, environ)
 
 
 def supervise_if_multihost(program: str) -> None:
@@ -93,7 +87,7 @@ def _lost_message(report: bytes, argv, environ) -> str:
   """distributed_failure's line for the process JAX's report blames: a task it names, or the
   coordinator when the service itself could not be reached."""
   def setting(flag, env):
-    value = _flag_value(argv, flag) or environ.get(env)
+    value = cli.flag_value(argv, flag) or environ.get(env)
     return int(value) if value is not None and value.isdigit() else None
   index = setting("process_id", "JAX_PROCESS_ID")
   count = setting("num_processes", "JAX_NUM_PROCESSES")

@@ -3,21 +3,13 @@
     head = HeadSpec.from_config(config.model, config.dtype)     # None: the chunked loss is off
     ce_N = cross_entropy_N(hidden_ND, embedding_VD, targets_N, head)   # float32[N]
 
-The vocabulary is cut into `head.n_chunks` chunks of `head.width` entries (the last one padded
-and masked out). A scan over the chunks computes each chunk's logits [N, width] in the compute
-dtype from the final hidden states and that chunk of the (tied) embedding, and keeps only
-float32 per-token statistics: the chunk's log-sum-exp and the target's logit. The backward
-pass (a custom VJP) recomputes each chunk's logits from the same inputs, so neither pass holds
-more than one chunk of logits, and the embedding's gradient is accumulated in float32.
-
-Chunking over the vocabulary, not the tokens, keeps every array with a token axis sharded as
-the batch is (data parallelism needs no collective inside the scan), and gives each chunk its
-own slice of the embedding's gradient (no [V, D] accumulator across iterations).
-
-Guarantees: with float32 compute the value and gradients equal the full-logits loss
-(`losses.cross_entropy_BT` of the model's logits) to float32 rounding; in bfloat16 the logits
-are rounded to bfloat16 before the float32 log-sum-exp (the full-logits path keeps them in
-float32), which the tests bound. Padded vocabulary columns never count: their logits are -inf.
+A scan over `head.n_chunks` vocabulary chunks of `head.width` entries (the last one padded, its
+padding at -inf) computes each chunk's logits [N, width] in the compute dtype and keeps only
+float32 per-token statistics (log-sum-exp, the target's logit); the backward pass (a custom VJP)
+recomputes them chunk by chunk. Chunking the vocabulary, not the tokens, keeps every array with
+a token axis sharded as the batch is and gives each chunk its own rows of the embedding's
+gradient. With float32 compute the value and gradients equal the full-logits loss to float32
+rounding; in bfloat16 each chunk's logits are rounded to bfloat16 first (the tests bound it).
 """
 import dataclasses
 import functools
@@ -31,7 +23,7 @@ DEFAULT_CHUNK = 8192   # vocabulary entries per chunk; model.loss_vocab_chunk_si
 
 @dataclasses.dataclass(frozen=True)
 class HeadSpec:
-  """How the chunked head cuts the vocabulary (hashable: a static argument under jit)."""
+  """How the chunked head cuts the vocabulary (hashable: static under jit)."""
   vocab_size: int
   width: int           # vocabulary entries per chunk, a multiple of `pad_multiple`
   n_chunks: int        # n_chunks * width >= vocab_size > (n_chunks - 1) * width
@@ -46,9 +38,8 @@ class HeadSpec:
 
   @classmethod
   def from_config(cls, model_config, dtype: str):
-    """The spec of `model_config` (None when model.loss_vocab_chunk_size is 0: the loss reads
-    the model's full float32 logits). Configs saved before the fields existed get the
-    defaults."""
+    """The spec of `model_config`; None when model.loss_vocab_chunk_size is 0 (the loss reads
+    the model's full logits). Configs saved before the fields existed get the defaults."""
     chunk_size = model_config.get("loss_vocab_chunk_size", DEFAULT_CHUNK)
     if not chunk_size:
       return None
@@ -107,13 +98,10 @@ def chunk_statistics(hidden_ND, embedding_VD, targets_N, head: HeadSpec,
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def cross_entropy_N(hidden_ND: jax.Array, embedding_VD: jax.Array, targets_N: jax.Array,
                     head: HeadSpec) -> jax.Array:
-  """float32[N]: -log softmax(hidden @ embedding^T)[target] of each of N tokens.
-
-  hidden [N, D] (any float dtype), embedding [V, D] (the float32 table), targets int[N] in
-  [0, V). Differentiable in hidden and embedding; the gradients have their dtypes.
-  """
-  stats = chunk_statistics(hidden_ND, embedding_VD, targets_N, head)
-  return stats["lse"] - stats["picked"]
+  """float32[N]: -log softmax(hidden @ embedding^T)[target] of each of N tokens; hidden [N, D]
+  (any float dtype), embedding [V, D] (float32), targets int[N]. Differentiable in hidden and
+  embedding; the gradients have their dtypes."""
+  return _forward(hidden_ND, embedding_VD, targets_N, head)[0]
 
 
 def _forward(hidden_ND, embedding_VD, targets_N, head):

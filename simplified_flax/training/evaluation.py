@@ -9,22 +9,19 @@ from etils import epath
 import jax
 import ml_collections
 
+from simplified_flax.config_files import CONFIG_FILE
 from simplified_flax.runs import checkpoints
-from simplified_flax.training import mlm_metrics
-from simplified_flax.training import placement as parallel
+from simplified_flax.runs import config_checks
+from simplified_flax.training import losses
+from simplified_flax.training.placement import Placement, first_device_target, primary_first
 from simplified_flax.model import quantize
 from simplified_flax.model.parameters import parameter_shapes
 from simplified_flax.training.step import create_train_state, eval_step
 
-CONFIG_FILE = "config.json"
-
 
 def run_eval(eval_fn: Callable, state, batches: Iterable[dict], placement) -> dict[str, float]:
   """Token-mean loss and perplexity (and MLM accuracy for the encoder) of `batches` (local
-  rows) under compiled `eval_fn`.
-
-  Sums stay on the device until every batch is dispatched: one host sync per evaluation.
-  """
+  rows) under compiled `eval_fn`, with one host sync (after every batch is dispatched)."""
   total = None
   for batch in batches:
     sums = eval_fn(state, placement.place_batch(batch))
@@ -37,7 +34,7 @@ def run_eval(eval_fn: Callable, state, batches: Iterable[dict], placement) -> di
   result = {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 80.0)),
             "eval_tokens": tokens}
   if "correct_sum" in total:
-    result["eval_mlm_accuracy"] = mlm_metrics.mlm_accuracy(total)
+    result["eval_mlm_accuracy"] = losses.mlm_accuracy(total)
   return result
 
 
@@ -52,16 +49,15 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 def restore_read_only(workdir: str, config, target=None, step: int | None = None):
   """checkpoints.Restored: the newest intact checkpoint of `workdir` (or `step`), read without
-  creating, cleaning up or moving anything, so the run may still be training.
+  creating, cleaning up or moving anything (the run may still be training).
 
-  `config` is the run's config (`load_config`); its parameter shapes must match the saved
-  ones. `target` gives the state's shardings (default: everything on this process's first
-  device). Raises FileNotFoundError when there is no checkpoint and CheckpointError when none
-  reads back intact.
+  `config` is the run's config (`load_config`), whose parameter shapes must match the saved
+  ones; `target` gives the state's shardings (default: this process's first device). Raises
+  FileNotFoundError without a checkpoint, CheckpointError when none reads back intact.
   """
   if target is None:
     abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
-    target = parallel.first_device_target(abstract)
+    target = first_device_target(abstract)
   manager = checkpoints.open_read_only(workdir)
   try:
     restored = checkpoints.restore_latest(manager, target, config.to_dict(), parameter_shapes,
@@ -74,46 +70,40 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
   return restored
 
 
-def _full_logits(step_fn: Callable) -> Callable:
-  """`step_fn(state, batch, ...)` with the loss read from the model's full logits."""
-  def on_full_logits(state, batch, *args, **kwargs):
-    full = state.replace(spec=dataclasses.replace(state.spec, head=None))
-    return step_fn(full, batch, *args, **kwargs)
-  return on_full_logits
+def _on_full_logits(state, batch, axis_name=None):
+  """`eval_step` with the loss read from the model's full logits (the chunked head off)."""
+  full = state.replace(spec=dataclasses.replace(state.spec, head=None))
+  return eval_step(full, batch, axis_name)
 
 
 def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None,
              step: int | None = None, quantize_scheme: str | None = None) -> dict:
-  """Restores the latest good checkpoint of `workdir` (or checkpoint `step`) and evaluates it
-  on the eval split.
+  """Evaluates the latest good checkpoint of `workdir` (or checkpoint `step`) on the eval split.
 
   `quantize_scheme` ("w8", "a8" or "w8a8"; model/quantize.py) evaluates the same batches a
   second time with the linear layers fake-quantised to int8, adding `quantize`,
   `quantized_eval_loss` and `quantized_loss_increase` (quantised minus full precision). Both
   evaluations then score the model's full logits, so that the tied head is quantised as well
-  (the chunked loss multiplies by the embedding itself, out of the quantiser's reach) and the
-  increase compares like with like.
+  (the chunked loss multiplies by the embedding out of the quantiser's reach).
   """
-  quantize.parse_scheme(quantize_scheme)   # a bad scheme fails before anything is read
+  quantizing = quantize.parse_scheme(quantize_scheme) != (False, False)   # fails before reading
   config = load_config(workdir)
+  config_checks.validate_run_config(config, jax.device_count())
   if pipeline is None:
     from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
-    pipeline = parallel.primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
-  placement = parallel.Placement.from_config(config)
+    pipeline = primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
+  placement = Placement.from_config(config)
   abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(config.seed)))
-  target = placement.restore_target(abstract)
-  restored = restore_read_only(workdir, config, target, step=step)
+  restored = restore_read_only(workdir, config, placement.restore_target(abstract), step=step)
   state = placement.shard_state(restored.state)
-  num_batches = eval_steps or config.eval_steps
-  quantizing = quantize.parse_scheme(quantize_scheme) != (False, False)
-  step_fn = _full_logits(eval_step) if quantizing else eval_step
+  batches = lambda: pipeline.eval_batches(eval_steps or config.eval_steps)
+  step_fn = _on_full_logits if quantizing else eval_step
   eval_fn = placement.compile_step(step_fn, abstract, returns_state=False)
-  result = {"step": restored.step,
-            **run_eval(eval_fn, state, pipeline.eval_batches(num_batches), placement)}
+  result = {"step": restored.step, **run_eval(eval_fn, state, batches(), placement)}
   if quantizing:
     quantized_fn = placement.compile_step(quantize.quantized(step_fn, quantize_scheme),
                                           abstract, returns_state=False)
-    quantized = run_eval(quantized_fn, state, pipeline.eval_batches(num_batches), placement)
+    quantized = run_eval(quantized_fn, state, batches(), placement)
     result.update(quantize=quantize_scheme, quantized_eval_loss=quantized["eval_loss"],
                   quantized_loss_increase=quantized["eval_loss"] - result["eval_loss"])
   return result

@@ -1,13 +1,9 @@
 """The training loop: `train_and_evaluate(config, workdir)` trains a config to its last step in a
-workdir, resuming from the latest good checkpoint there.
-
-The workdir holds `config.json` (the resolved config), `metrics.jsonl` and `tensorboard/`
-(metrics), and `checkpoints/`. SIGTERM (or a TPU preemption notice) saves at the next step and
-returns. The pure steps it compiles live in `training/step.py`; the run operations it calls
-by name (config checks, workdir lock, resume and rewind, checkpoints, metrics writing, the
-stop request) live in `simplified_flax/runs/`.
+workdir (`config.json`, `metrics.jsonl`, `tensorboard/`, `checkpoints/`), resuming from the
+latest good checkpoint there; SIGTERM (or a TPU preemption notice) saves at the next step and
+returns. It compiles the pure steps of step.py and calls the run operations of
+`simplified_flax/runs/` by name.
 """
-import functools
 import itertools
 import json
 
@@ -15,6 +11,7 @@ from etils import epath
 import jax
 
 from simplified_flax import storage
+from simplified_flax.config_files import CONFIG_FILE
 from simplified_flax.data.prefetch import Prefetcher
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import config_checks
@@ -25,15 +22,12 @@ from simplified_flax.runs import resume
 from simplified_flax.runs import stop_request
 from simplified_flax.runs import workdir_lock
 from simplified_flax.runs.nonfinite import NonFiniteLossError
-from simplified_flax.training import placement as parallel
-from simplified_flax.training.evaluation import CONFIG_FILE, run_eval
+from simplified_flax.training.evaluation import run_eval
+from simplified_flax.training.placement import Placement, primary_first
 from simplified_flax.model.parameters import size
 from simplified_flax.model.transformer import build_model
-from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,
-                                        diagnostics_step, eval_step, train_step)
-
-__all__ = ["create_train_state", "train_step", "eval_step", "diagnostics_step",
-           "train_and_evaluate", "TrainState", "StepSpec", "NonFiniteLossError"]
+from simplified_flax.training.step import (TrainState, create_train_state, diagnostics_step,
+                                           eval_step, train_step)
 
 
 # Without logging, metrics are still read (and checked for NaN) at least this often.
@@ -62,14 +56,12 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
                        tensorboard: bool = True) -> TrainState:
   """Trains `config` to `config.num_train_steps` in `workdir`; returns the final state.
 
-  `pipeline` defaults to `simplified_flax.data.build_pipeline(config, workdir=workdir)` and
-  `model` to `build_model(config.model, dtype=config.dtype)`. `config.model.vocab_size` is
-  set from the pipeline's tokenizer when None. The whole config is checked first (ConfigError,
-  nothing written); then the workdir is locked for the run (WorkdirLockedError while another
-  live run holds it). Raises NonFiniteLossError naming the step of a NaN/inf loss, the kept
-  checkpoints and the command to rewind to one (`config.restore_step`, see runs/rewind.py),
-  and checkpoints.IncompatibleCheckpointError when the workdir's checkpoints have other
-  parameter shapes.
+  `pipeline` defaults to `data.build_pipeline(config, workdir=workdir)` (whose tokenizer sets
+  a None `config.model.vocab_size`), `model` to `build_model(config.model, config.dtype)`.
+  The config is checked before anything is written (ConfigError), then the workdir is locked
+  (WorkdirLockedError while another live run holds it). Raises NonFiniteLossError naming the
+  step of a NaN/inf loss and how to rewind (`config.restore_step`), and
+  checkpoints.IncompatibleCheckpointError when the checkpoints have other parameter shapes.
   """
   config_checks.validate_run_config(config, jax.device_count())
   if pipeline is None:
@@ -85,7 +77,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   config_dict = config.to_dict()
 
   # Mesh and model state; resume from the latest good checkpoint (or rewind to restore_step).
-  placement = parallel.Placement.from_config(config)
+  placement = Placement.from_config(config)
   state = create_train_state(config, jax.random.PRNGKey(config.seed), mesh=placement.mesh,
                              model=model)
   _console(f"Model: {size(state.params):,} parameters on {jax.device_count()} devices "
@@ -161,16 +153,15 @@ def _input_pipeline(config, workdir: str, pipeline):
   `config.model.vocab_size` is set from its tokenizer."""
   if pipeline is None:
     from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
-    pipeline = parallel.primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
+    pipeline = primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
   if config.model.vocab_size is None:
     config.model.vocab_size = pipeline.tokenizer.vocab_size
   return pipeline
 
 
 class _PendingMetrics:
-  """The device metrics of dispatched steps not read yet, as (step, metrics) pairs. Reading
-  them waits for the device, so the loop reads only to log, evaluate or checkpoint, or every
-  `MAX_UNREAD_STEPS` steps."""
+  """The (step, device metrics) of dispatched steps not read yet: reading waits for the device,
+  so the loop reads only to log, evaluate or checkpoint, or every `MAX_UNREAD_STEPS` steps."""
 
   def __init__(self, config, workdir: str, placement, manager, writer, progress):
     self._config, self._workdir, self._placement = config, workdir, placement
@@ -223,9 +214,8 @@ def _compile_steps(config, model, placement, abstract_state):
 
 
 def _feed(pipeline, placement, data_state, depth: int):
-  """(iterator, feeder): the training iterator, set to `data_state` when resuming, and the
-  feeder that yields (placed batch, iterator state after it), so that a checkpoint records
-  the data position of the step it saves however far ahead the thread runs."""
+  """(iterator at `data_state`, feeder of (placed batch, iterator state after it)): a
+  checkpoint records the data position of its step however far ahead the thread runs."""
   iterator = pipeline.train_iterator(prefetch=0)   # `feeder` is the one prefetch thread, if any
   if data_state:
     iterator.set_state(data_state)
@@ -236,8 +226,7 @@ def _feed(pipeline, placement, data_state, depth: int):
 
 
 def _evaluate(step: int, eval_fn, state, pipeline, config, placement, writer, progress) -> None:
-  """Evaluates `state` on `config.eval_steps` batches (off the progress clock); writes and
-  prints the result."""
+  """Evaluates `state` on `config.eval_steps` batches off the progress clock; logs the result."""
   with progress.paused():
     result = run_eval(eval_fn, state, pipeline.eval_batches(config.eval_steps), placement)
   writer.write_scalars(step, {k: result[k] for k in ("eval_loss", "eval_perplexity",
@@ -252,9 +241,8 @@ def _close(feeder, iterator, manager, writer, stop) -> None:
   """Stops the input thread, finishes any save in flight and closes the writers; the stop
   request last, so a SIGTERM during the final save waits for it instead of cutting it."""
   feeder.close()
-  iterator_close = getattr(iterator, "close", None)
-  if iterator_close is not None:
-    iterator_close()
+  if hasattr(iterator, "close"):   # the data pipeline's own prefetch thread, if any
+    iterator.close()
   manager.wait_until_finished()
   manager.close()
   writer.close()
@@ -262,14 +250,13 @@ def _close(feeder, iterator, manager, writer, stop) -> None:
 
 
 def _diagnostics_step(config, model):
-  """`diagnostics_step` on the explicit attention path, whose softmax gives the entropy: a
-  fused config's model is rebuilt as explicit (same parameters; "auto" takes the explicit
-  path by itself while intermediates are collected). A caller's own `model` is used as it is
-  (no entropy if it sows no probabilities)."""
-  if model is not None or config.model.attention_impl in ("explicit", "auto"):
+  """`diagnostics_step` on the explicit attention path, whose softmax probabilities give the
+  entropy: a fused config's model is rebuilt as explicit (same parameters; "auto" is explicit
+  while intermediates are collected). A caller's own `model` is used as it is."""
+  if model is not None or config.model.attention_impl != "fused":
     return diagnostics_step
   explicit = config.model.copy_and_resolve_references()
   explicit.attention_impl = "explicit"
-  return functools.partial(diagnostics_step,
-                           apply_fn=build_model(explicit, dtype=config.dtype).apply)
-
+  apply_fn = build_model(explicit, dtype=config.dtype).apply
+  return lambda state, batch, axis_name=None: diagnostics_step(state.replace(apply_fn=apply_fn),
+                                                               batch)

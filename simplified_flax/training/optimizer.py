@@ -1,21 +1,13 @@
-"""The optimisers (docs/model.md, "Training settings"), built from the config by small pure
-functions.
-
-    tx = make_optimizer(config)      # clip_by_global_norm -> `optimizer.name` (schedule, mask)
-
-`optimizer.name` picks the update direction; everything around it is shared:
-  adamw  the paper's AdamW (diagonal preconditioner), the default;
-  muon   Muon (`optax.contrib.scale_by_muon`): momentum whose every weight matrix (a leaf named
-         `kernel` with >= 2 axes; its last two axes are [fan_in, fan_out], leading axes are
-         stacked matrices) is orthogonalised by Newton-Schulz iterations, a non-diagonal
-         (Shampoo-like, without accumulation) preconditioner. Its update is rescaled to
-         AdamW's RMS (`optimizer.muon_rms`, 0.2) so that one learning rate serves both.
-         Embeddings (also the tied head), norms and gains keep the AdamW direction.
-Both use the same clipping, schedule and weight-decay mask, with decay applied as AdamW does
-(`-lr * (direction + weight_decay * param)` on the decayed leaves).
-
-Master weights stay float32 whatever `config.dtype` computes in: the model casts them to the
-compute dtype inside `apply`, and the gradients and optimiser state are float32.
+"""The optimisers (docs/model.md, "Training settings"): `make_optimizer(config)` is gradient
+clipping, then the update direction `optimizer.name` names, with one schedule and one
+weight-decay mask (decoupled decay, `-lr * (direction + weight_decay * param)`):
+  adamw  the paper's AdamW, the default;
+  muon   Muon (`optax.contrib.scale_by_muon`) on every weight matrix (a `kernel` leaf with >= 2
+         axes, the last two [fan_in, fan_out]): momentum orthogonalised by Newton-Schulz
+         iterations, rescaled to AdamW's RMS (`optimizer.muon_rms`) so that one learning rate
+         serves both; embeddings (also the tied head), norms and gains keep AdamW's direction.
+Master weights, gradients and optimiser state are float32 whatever `config.dtype` computes in.
+Gradient accumulation over micro-batches lives here too (`accumulate_gradients`).
 """
 import math
 from typing import Any, Callable
@@ -24,15 +16,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from simplified_flax.runs.config_checks import OPTIMIZERS
+from simplified_flax.runs.config_checks import OPTIMIZERS, SCHEDULES
 
 DECAYED_LEAVES = ("kernel", "embedding")
 UNDECAYED_LEAVES = ("scale", "bias")
-UNDECAYED_SUFFIX = "_gain"
-MATRIX_LEAVES = ("kernel",)
+GAIN_SUFFIX = "_gain"   # trainable gains: never decayed, logged by diagnostics.gain_metrics
 
-
-# ------------------------------------------------------------------ learning-rate schedules
 
 def warmup_steps(opt_config, num_train_steps: int) -> int:
   """`optimizer.warmup_steps` when set, else `warmup_fraction * num_train_steps` (rounded)."""
@@ -44,20 +33,16 @@ def warmup_steps(opt_config, num_train_steps: int) -> int:
 def make_schedule(opt_config, num_train_steps: int) -> optax.Schedule:
   """lr(count): warm-up `0 -> learning_rate` over `warmup_steps`, then `opt_config.schedule`.
 
-  linear:   decays linearly to 0 at `num_train_steps` (the paper's schedule);
-  cosine:   half-cosine to 0 at `num_train_steps`;
-  rsqrt:    `learning_rate * sqrt(warmup / count)` after warm-up (`1 / sqrt(count)` without);
-  constant: `learning_rate` after warm-up.
-  `count` is the number of updates already applied: the first update uses lr(0), 0 when
-  warming up.
+  linear (the paper's) and cosine reach 0 at `num_train_steps`; rsqrt is
+  `learning_rate * sqrt(warmup / count)` (`1 / sqrt(count)` without warm-up); constant stays.
+  `count` is the number of updates already applied (the first update uses lr(0)).
   """
   peak = float(opt_config.learning_rate)
   kind = opt_config.schedule
   warm = warmup_steps(opt_config, num_train_steps)
   decay_span = max(num_train_steps - warm, 1)
-  if kind not in ("linear", "cosine", "rsqrt", "constant"):
-    raise ValueError(f"optimizer.schedule={kind!r} is unknown: use linear, cosine, rsqrt or "
-                     f"constant.")
+  if kind not in SCHEDULES:
+    raise ValueError(f"optimizer.schedule={kind!r} is unknown: use one of {list(SCHEDULES)}.")
 
   def schedule(count):
     step = jnp.asarray(count, jnp.float32)
@@ -76,50 +61,40 @@ def make_schedule(opt_config, num_train_steps: int) -> optax.Schedule:
   return schedule
 
 
-# ------------------------------------------------------------------------ weight-decay mask
+def leaf_names(path) -> tuple[str, ...]:
+  """A pytree key path as names, e.g. ("h_0", "attn", "c_attn", "kernel")."""
+  return tuple(jax.tree_util.keystr((k,), simple=True) for k in path)
+
 
 def leaf_gets_decay(path: tuple[str, ...]) -> bool:
   """Whether the parameter at `path` (module names..., leaf name) is weight-decayed: kernels
-  and embeddings are; norm scales/biases, biases and gains are not. Any other leaf name is an
-  error, so that a new parameter kind is classified on purpose rather than decayed by accident.
-  """
-  name = path[-1]
-  if name in DECAYED_LEAVES:
+  and embeddings are; norm scales/biases and gains are not; any other leaf name is an error
+  (a new parameter kind is classified on purpose, not decayed by accident)."""
+  if path[-1] in DECAYED_LEAVES:
     return True
-  if name in UNDECAYED_LEAVES or name.endswith(UNDECAYED_SUFFIX):
+  if path[-1] in UNDECAYED_LEAVES or path[-1].endswith(GAIN_SUFFIX):
     return False
   raise ValueError(
       f"Parameter {'/'.join(path)!r} has a leaf name the weight-decay mask does not know: "
       f"name dense weights 'kernel', embeddings 'embedding', norm parameters 'scale'/'bias' "
-      f"and gains '*{UNDECAYED_SUFFIX}', or extend "
+      f"and gains '*{GAIN_SUFFIX}', or extend "
       f"simplified_flax.training.optimizer.leaf_gets_decay.")
 
 
 def decay_mask(params) -> Any:
-  """A pytree of bools matching `params`: True where AdamW applies weight decay."""
-  return jax.tree_util.tree_map_with_path(lambda path, _: leaf_gets_decay(tuple(
-      jax.tree_util.keystr((k,), simple=True) for k in path)), params)
-
-
-# ---------------------------------------------------------------------------- the optimiser
-
-def optimizer_name(opt_config) -> str:
-  """`optimizer.name`; "adamw" for configs saved before the field existed."""
-  return opt_config.get("name", "adamw")
+  """A pytree of bools matching `params`: True where weight decay applies."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: leaf_gets_decay(leaf_names(path)),
+                                          params)
 
 
 def muon_matrix(path: tuple[str, ...], leaf) -> bool:
   """Whether Muon orthogonalises the leaf at `path`: a weight matrix (or a stack of them)."""
-  return path[-1] in MATRIX_LEAVES and getattr(leaf, "ndim", 0) >= 2
-
-
-def _leaf_names(path) -> tuple[str, ...]:
-  return tuple(jax.tree_util.keystr((k,), simple=True) for k in path)
+  return path[-1] == "kernel" and getattr(leaf, "ndim", 0) >= 2
 
 
 def _muon_labels(params):
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: "muon" if muon_matrix(_leaf_names(path), x) else "adam", params)
+      lambda path, x: "muon" if muon_matrix(leaf_names(path), x) else "adam", params)
 
 
 def _muon_dimension_numbers(params):
@@ -158,7 +133,7 @@ def make_optimizer(config) -> optax.GradientTransformation:
   """Global-norm clipping (when `optimizer.grad_clip_norm` > 0), then `optimizer.name`: masked
   AdamW, or Muon with the same schedule and decay mask."""
   o = config.optimizer
-  name = optimizer_name(o)
+  name = o.get("name", "adamw")   # configs saved before the field existed: adamw
   schedule = make_schedule(o, config.num_train_steps)
   if name == "adamw":
     tx = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
@@ -172,17 +147,9 @@ def make_optimizer(config) -> optax.GradientTransformation:
   return tx
 
 
-# -------------------------------------------------------------------- gradient accumulation
-
-SumGradFn = Callable[[Any, dict, jax.Array], tuple[Any, dict]]
-
-
 def micro_batches(batch: dict, num_micro: int) -> dict:
-  """[B, ...] leaves -> [k, B/k, ...]; micro-batch i holds rows i, i+k, i+2k, ...
-
-  The strided split keeps every device's rows spread over all micro-batches, so each
-  micro-batch stays evenly sharded along the batch axis.
-  """
+  """[B, ...] leaves -> [k, B/k, ...]; micro-batch i holds rows i, i+k, i+2k, ... (strided, so
+  each micro-batch stays evenly sharded along the batch axis)."""
   def split(x):
     if x.shape[0] % num_micro:
       raise ValueError(f"A batch of {x.shape[0]} rows does not split into grad_accum_steps="
@@ -192,12 +159,11 @@ def micro_batches(batch: dict, num_micro: int) -> dict:
   return jax.tree.map(split, batch)
 
 
-def accumulate_gradients(sum_grad_fn: SumGradFn, params, batch: dict, num_micro: int):
+def accumulate_gradients(sum_grad_fn: Callable, params, batch: dict, num_micro: int):
   """Sums `sum_grad_fn(params, micro_batch, index) -> (grads, sums)` over `num_micro` parts.
 
-  `sum_grad_fn` must return gradients of a *sum* over the rows (not a mean) and a dict of
-  scalar sums (e.g. loss and token counts): then the result equals `sum_grad_fn` on the
-  whole batch, up to float summation order. `num_micro == 1` calls it once.
+  With gradients of a *sum* over rows and scalar sums (loss, token count), the result equals
+  `sum_grad_fn` on the whole batch up to float summation order; `num_micro == 1` calls it once.
   """
   if num_micro == 1:
     return sum_grad_fn(params, batch, jnp.int32(0))

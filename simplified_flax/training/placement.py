@@ -1,16 +1,11 @@
 """Where the computation runs: the mesh, shardings, pmap mode, placing batches.
 
-Two modes run the same pure step functions (`config.parallel.mode`):
-
-* "jit": one `jax.jit` over a `Mesh` with axes ("data", "fsdp"). The batch is split over all
-  devices; parameters and optimiser state are replicated, or, with `parallel.fsdp > 1`, each
-  large leaf is sharded along "fsdp" on its largest divisible dimension (ZeRO-3 style).
-  Every process hands in only its own rows (`jax.make_array_from_process_local_data`).
-* "pmap": `jax.pmap` over the local devices; the state is replicated along a leading device
-  axis, the local batch is reshaped to [devices, rows per device, ...] and the step averages
-  with `lax.pmean` over the "batch" axis.
+`config.parallel.mode` "jit": one `jax.jit` over a ("data", "fsdp") mesh; the batch is split
+over all devices, each process handing in its own rows; the state is replicated or, with
+`parallel.fsdp > 1`, each large leaf sharded along "fsdp" (ZeRO-3 style). "pmap": `jax.pmap`
+over the local devices; the state has a leading device axis, the batch is [devices, rows per
+device, ...] and the step averages with `lax.pmean`. The config is checked before (runs/).
 """
-import abc
 import dataclasses
 from typing import Any, Callable, ClassVar
 
@@ -19,30 +14,21 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from simplified_flax.runs import config_checks
-
 DATA, FSDP = "data", "fsdp"
 PMAP_AXIS = "batch"
 # Leaves smaller than this stay replicated under FSDP: sharding them saves nothing.
 MIN_FSDP_SHARD_SIZE = 2 ** 14
 
 
-# ----------------------------------- multi-process set-up (joining the run: distributed.py)
-
 def primary_first(fn: Callable[[], Any], name: str) -> Any:
-  """`fn()` on process 0, then, after a barrier, on the other processes.
-
-  For set-up that writes shared files (preparing a corpus, training a tokenizer): the other
-  processes then find them ready instead of racing to create them.
-  """
+  """`fn()` on process 0, then, after a barrier, on the other processes: set-up that writes
+  shared files (a corpus, a tokenizer) is then found ready instead of raced for."""
   if jax.process_count() == 1:
     return fn()
   result = fn() if jax.process_index() == 0 else None
   multihost_utils.sync_global_devices(f"primary_first:{name}")
   return result if jax.process_index() == 0 else fn()
 
-
-# ---------------------------------------------------------- mesh and shardings ("jit" mode)
 
 def make_mesh(fsdp: int = 1, devices=None) -> Mesh:
   """A (data, fsdp) mesh over `devices` (default: every device of every process)."""
@@ -59,16 +45,12 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def fsdp_spec(shape: tuple[int, ...], fsdp: int) -> P:
-  """P() (replicated), or "fsdp" on the largest dimension that `fsdp` divides.
-
-  Leaves under MIN_FSDP_SHARD_SIZE elements (norm scales, biases, gains) stay replicated.
-  """
-  if fsdp == 1 or int(np.prod(shape, dtype=np.int64)) < MIN_FSDP_SHARD_SIZE:
+  """P() (replicated), or "fsdp" on the largest dimension that `fsdp` divides; leaves under
+  MIN_FSDP_SHARD_SIZE elements (norm scales, biases, gains) stay replicated."""
+  divisible = [d for d in range(len(shape)) if shape[d] % fsdp == 0]
+  if fsdp == 1 or not divisible or int(np.prod(shape, dtype=np.int64)) < MIN_FSDP_SHARD_SIZE:
     return P()
-  candidates = [d for d in range(len(shape)) if shape[d] % fsdp == 0]
-  if not candidates:
-    return P()
-  dim = max(candidates, key=lambda d: shape[d])
+  dim = max(divisible, key=lambda d: shape[d])
   return P(*([None] * dim + [FSDP]))
 
 
@@ -78,23 +60,19 @@ def state_shardings(abstract_state, mesh: Mesh):
                       abstract_state)
 
 
-def global_batch(local_batch: dict, mesh: Mesh, global_rows: int) -> dict:
-  """This process's rows [b, ...] -> global jax.Arrays [global_rows, ...] sharded by rows."""
-  sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v),
-                                                    (global_rows,) + np.shape(v)[1:])
-          for k, v in local_batch.items()}
-
-
-# ------------------------------------------------------- the two modes behind one interface
-
 @dataclasses.dataclass
-class Placement(abc.ABC):
-  """Runs pure `step(state, batch)` functions on the devices; the mode is decided once.
+class Placement:
+  """Runs pure `step(state, batch)` functions on the devices in the mode `from_config` chose;
+  the loop calls only these methods, never asks which mode it holds:
 
-  `from_config` returns a `JitPlacement` or a `PmapPlacement`; the loop only calls the
-  methods below (shard a fresh state, place batches, compile the steps, give back one host
-  copy of the state for checkpoints), never asks which one it holds (beyond `mode`).
+    shard_state(state)        a single-copy state (host or device) -> the compiled step's
+    host_state(state)         one copy of the state, for checkpointing
+    restore_target(abstract)  shape, dtype and sharding of every leaf as a restore gives them
+    place_batch(rows)         this process's rows -> the compiled step's (on a feeder thread)
+    compile_step(step_fn, abstract, returns_state=True)   `step_fn(state, batch, axis_name)`
+                              as `f(state, batch)`; with `returns_state` it returns
+                              (new_state, outputs) and the old state is donated
+    host_metrics(metrics)     device metrics -> host numpy scalars
   """
   global_rows: int               # config.batch_size
   mesh: Mesh | None = None       # JitPlacement only
@@ -103,41 +81,9 @@ class Placement(abc.ABC):
 
   @staticmethod
   def from_config(config) -> "Placement":
-    # Evaluation and the notebook build a Placement before anything else checks the config.
-    config_checks.parallel_rules(config)
-    config_checks.device_rules(config, jax.device_count())
     if config.parallel.mode == "jit":
       return JitPlacement(config.batch_size, make_mesh(config.parallel.fsdp))
     return PmapPlacement(config.batch_size)
-
-  @abc.abstractmethod
-  def shard_state(self, state):
-    """A single-copy state (host or device) -> the state the compiled step expects."""
-
-  @abc.abstractmethod
-  def host_state(self, state):
-    """One copy of the state for checkpointing."""
-
-  @abc.abstractmethod
-  def restore_target(self, abstract_state):
-    """Shape/dtype/sharding of every leaf as checkpoint restore should produce it."""
-
-  @abc.abstractmethod
-  def place_batch(self, local_batch: dict) -> dict:
-    """This process's rows -> what the compiled step takes (may run on a feeder thread)."""
-
-  @abc.abstractmethod
-  def compile_step(self, step_fn: Callable, abstract_state,
-                   returns_state: bool = True) -> Callable:
-    """`step_fn(state, batch, axis_name=None)` compiled as `f(state, batch)`.
-
-    `returns_state`: the step returns `(new_state, outputs)` and the old state is donated
-    (training); otherwise it returns outputs only (evaluation).
-    """
-
-  @abc.abstractmethod
-  def host_metrics(self, metrics):
-    """Device metrics -> host numpy scalars."""
 
 
 class JitPlacement(Placement):
@@ -155,7 +101,11 @@ class JitPlacement(Placement):
     return _with_shardings(abstract_state, state_shardings(abstract_state, self.mesh))
 
   def place_batch(self, local_batch: dict) -> dict:
-    return global_batch(local_batch, self.mesh, self.global_rows)
+    """This process's rows [b, ...] -> global arrays [global_rows, ...] sharded by rows."""
+    sharding = batch_sharding(self.mesh)
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v),
+                                                      (self.global_rows,) + np.shape(v)[1:])
+            for k, v in local_batch.items()}
 
   def compile_step(self, step_fn, abstract_state, returns_state=True):
     """The state keeps the shardings of `abstract_state`; outputs are replicated. The step is
@@ -193,16 +143,9 @@ class PmapPlacement(Placement):
     return first_device_target(abstract_state)
 
   def place_batch(self, local_batch: dict) -> dict:
-    """[rows, ...] -> [devices, rows per device, ...]."""
+    """[rows, ...] -> [devices, rows per device, ...] (rows split evenly: config_checks)."""
     n = jax.local_device_count()
-
-    def split(x):
-      x = np.asarray(x)
-      if x.shape[0] % n:
-        raise ValueError(f"{x.shape[0]} local rows do not split over {n} local devices.")
-      return x.reshape(n, x.shape[0] // n, *x.shape[1:])
-
-    return {k: split(v) for k, v in local_batch.items()}
+    return {k: np.asarray(v).reshape(n, -1, *np.shape(v)[1:]) for k, v in local_batch.items()}
 
   def compile_step(self, step_fn, abstract_state, returns_state=True):
     del abstract_state   # replicated along the device axis

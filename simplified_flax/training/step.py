@@ -1,20 +1,16 @@
 """The pure training API: a train state, one optimiser step, one evaluation step.
 
     state = create_train_state(config, jax.random.PRNGKey(0))    # config.model.vocab_size set
-    train = jax.jit(train_step, donate_argnums=0)
-    for tokens_BT in batches:
-      state, metrics = train(state, {"inputs": tokens_BT})         # {"loss", "grad_norm", ...}
+    state, metrics = jax.jit(train_step, donate_argnums=0)(state, {"inputs": tokens_BT})
     sums = jax.jit(eval_step)(state, batch)                        # {"loss_sum", "weight_sum"}
     diag = jax.jit(diagnostics_step)(state, batch)                 # diagnostics scalars
 
 A decoder batch is {"inputs": int32[B, T]} (+ optional "segment_ids"); an encoder batch adds
-"targets", "weights" (+ optional "key_mask"). Both steps are pure and jittable; under
-`jax.pmap` pass `axis_name` and they average gradients and losses with `lax.pmean`.
-
-The loss: with `model.loss_vocab_chunk_size` > 0 (the default) both steps read the model's
-final hidden states (`return_hidden=True`) and score them against the tied embedding
-`params["wte"]["embedding"]` chunk by chunk (chunked_loss.py), never holding the [B, T, V]
-logits; 0 scores the model's full float32 logits as before.
+"targets", "weights" (+ optional "key_mask"). The steps are pure and jittable; under `jax.pmap`
+pass `axis_name` and they average gradients and losses with `lax.pmean`. With
+`model.loss_vocab_chunk_size` > 0 (the default) the loss scores the final hidden states against
+the tied embedding chunk by chunk (chunked_loss.py), never holding the [B, T, V] logits; 0
+scores the model's full float32 logits.
 """
 import dataclasses
 from typing import Any, Callable
@@ -27,13 +23,12 @@ import optax
 from simplified_flax.training import chunked_loss
 from simplified_flax.training import diagnostics
 from simplified_flax.training import losses
-from simplified_flax.training import mlm_metrics
-from simplified_flax.training import optimizer as optim
-from simplified_flax.training import placement as parallel
+from simplified_flax.training import optimizer
+from simplified_flax.training import placement
 from simplified_flax.model.transformer import build_model
 
-# Model collections that are outputs of `apply`, never state.
-_OUTPUT_COLLECTIONS = ("intermediates",)
+# loss_fn(state, params, batch, *, train, key) -> {"loss_sum", "weight_sum", ...}: float32 sums.
+LossFn = Callable[..., dict[str, jax.Array]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,31 +53,17 @@ class TrainState:
   spec: StepSpec = struct.field(pytree_node=False)
 
 
-def _validate(config) -> None:
-  from simplified_flax.runs import config_checks  # pylint: disable=import-outside-toplevel
-  config_checks.validate_config(config)   # model, training, optimiser (no data, no devices)
-  if config.model.vocab_size is None:
+def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
+  """A fresh state (model init from `rng`, step 0), with a `mesh` made in its shardings.
+  `model` defaults to `build_model(config.model, config.dtype)`; any linen module with the
+  same call signature works (GLUE's classifier). `config` is checked already
+  (`runs.config_checks.validate_run_config`)."""
+  if config.model.vocab_size is None:   # the one field a checked config may leave unset
     raise ValueError("model.vocab_size is unset: set it to the tokenizer's vocabulary size "
                      "(the training script does this from config.data).")
-
-
-def _raw_key(rng) -> jax.Array:
-  if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-    return jax.random.key_data(rng)
-  return jnp.asarray(rng, jnp.uint32)
-
-
-def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
-  """A fresh state: model init from `rng`, AdamW state, step 0.
-
-  With a `mesh` the state is created directly in its shardings (`parallel.state_shardings`).
-  `model` defaults to `build_model(config.model, dtype=config.dtype)`; any linen module with
-  the same call signature works.
-  """
-  _validate(config)
   model = model if model is not None else build_model(config.model, dtype=config.dtype)
-  tx = optim.make_optimizer(config)
-  schedule = optim.make_schedule(config.optimizer, config.num_train_steps)
+  tx = optimizer.make_optimizer(config)
+  schedule = optimizer.make_schedule(config.optimizer, config.num_train_steps)
   spec = StepSpec(kind=config.model.kind, grad_accum_steps=config.grad_accum_steps,
                   head=chunked_loss.HeadSpec.from_config(config.model, config.dtype))
   tokens_BT = jnp.zeros((1, config.model.context_length), jnp.int32)
@@ -91,13 +72,14 @@ def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
     init_key, train_key = jax.random.split(rng)
     variables = model.init({"params": init_key}, tokens_BT)
     params = variables["params"]
-    constants = {k: v for k, v in variables.items()
-                 if k != "params" and k not in _OUTPUT_COLLECTIONS}
+    constants = {k: v for k, v in variables.items()   # intermediates: outputs, never state
+                 if k not in ("params", "intermediates")}
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, constants=constants,
                       opt_state=tx.init(params), rng=train_key, apply_fn=model.apply, tx=tx,
                       schedule=schedule, spec=spec)
 
-  rng = _raw_key(rng)
+  typed_key = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+  rng = jax.random.key_data(rng) if typed_key else jnp.asarray(rng, jnp.uint32)
   abstract = jax.eval_shape(init, rng)
   not_f32 = [jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_leaves_with_path(
       abstract.params) if x.dtype != jnp.float32]
@@ -106,60 +88,55 @@ def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
                      f"these are not: {not_f32[:5]}")
   if mesh is None:
     return jax.jit(init)(rng)
-  return jax.jit(init, out_shardings=parallel.state_shardings(abstract, mesh))(rng)
+  return jax.jit(init, out_shardings=placement.state_shardings(abstract, mesh))(rng)
 
 
-def _apply(state: TrainState, params, batch: dict, *, train: bool, key,
-           return_hidden: bool = False) -> jax.Array:
-  """The model's float32 logits [B, T, V], or its final hidden states [B, T, D]."""
-  variables = {"params": params, **state.constants}
-  extra = {"return_hidden": True} if return_hidden else {}
-  return state.apply_fn(variables, batch["inputs"], segment_ids=batch.get("segment_ids"),
-                        key_mask=batch.get("key_mask"), train=train,
-                        rngs={"dropout": key} if train else None, **extra)
+def apply_model(state: TrainState, params, batch: dict, *, train: bool, key=None, **kwargs):
+  """The model's output on `batch` (LM: float32 logits [B, T, V]; `return_hidden=True`: the
+  final hidden states [B, T, D]); `key` draws the dropout when `train`."""
+  return state.apply_fn({"params": params, **state.constants}, batch["inputs"],
+                        segment_ids=batch.get("segment_ids"), key_mask=batch.get("key_mask"),
+                        train=train, rngs={"dropout": key} if train else None, **kwargs)
 
 
 def _loss_sums(state: TrainState, params, batch: dict, *, train: bool, key,
                with_correct: bool = False) -> dict[str, jax.Array]:
-  """{"loss_sum", "weight_sum"} (+ "correct_sum" with `with_correct`) of `batch`: chunked
-  from the hidden states when `state.spec.head` is set, else from the full logits."""
+  """The token loss's `LossFn` (+ "correct_sum" with `with_correct`): chunked from the hidden
+  states when `state.spec.head` is set, else from the full logits."""
   head = state.spec.head
   if head is None:
-    logits_BTV = _apply(state, params, batch, train=train, key=key)
-    with jax.named_scope("loss"):   # names the loss's ops in profiles (benchmark_breakdown)
-      sums = losses.loss_sums(logits_BTV, batch, state.spec.kind)
-      if with_correct:
-        sums = {**sums, **mlm_metrics.correct_sums(logits_BTV, batch)}
-    return sums
-  hidden_BTD = _apply(state, params, batch, train=train, key=key, return_hidden=True)
+    logits_BTV = apply_model(state, params, batch, train=train, key=key)
+    with jax.named_scope("loss"):   # names its ops in profiles (experiments/step_breakdown.py)
+      return losses.loss_sums(logits_BTV, batch, state.spec.kind, with_correct)
+  hidden_BTD = apply_model(state, params, batch, train=train, key=key, return_hidden=True)
   with jax.named_scope("loss"):
     return losses.hidden_loss_sums(hidden_BTD, params["wte"]["embedding"], batch,
                                    state.spec.kind, head, with_correct=with_correct)
 
 
-def train_step(state: TrainState, batch: dict,
-               axis_name: str | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One AdamW update on the token-mean loss of `batch` (all rows of all devices).
+def train_step(state: TrainState, batch: dict, axis_name: str | None = None,
+               loss_fn: LossFn | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimiser update on the weighted-mean loss of `batch` (all rows of all devices).
 
-  Gradients are summed over `grad_accum_steps` micro-batches (and over devices under pmap)
-  before dividing by the number of scored tokens, so accumulation and data parallelism give
-  the same update as one big batch. Returns metrics "loss" (this batch, before the update),
-  "grad_norm" (before clipping) and "learning_rate" (used by this update).
+  `loss_fn` defaults to the model's token loss (GLUE passes its task loss). Gradients of the
+  summed loss are added over micro-batches and devices before dividing by the summed weight,
+  so accumulation and data parallelism give the update of one big batch. Metrics: "loss"
+  (before the update), "grad_norm" (before clipping), "learning_rate" (of this update).
   """
+  loss_fn = loss_fn or _loss_sums
   step_key = jax.random.fold_in(state.rng, state.step)
   if axis_name is not None:
     step_key = jax.random.fold_in(step_key, jax.lax.axis_index(axis_name))
 
   def sum_grad_fn(params, micro_batch, index):
-    def loss_fn(p):
-      sums = _loss_sums(state, p, micro_batch, train=True,
-                        key=jax.random.fold_in(step_key, index))
+    def summed_loss(p):
+      sums = loss_fn(state, p, micro_batch, train=True, key=jax.random.fold_in(step_key, index))
       return sums["loss_sum"], sums
-    (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (_, sums), grads = jax.value_and_grad(summed_loss, has_aux=True)(params)
     return grads, sums
 
-  grads, sums = optim.accumulate_gradients(sum_grad_fn, state.params, batch,
-                                           state.spec.grad_accum_steps)
+  grads, sums = optimizer.accumulate_gradients(sum_grad_fn, state.params, batch,
+                                               state.spec.grad_accum_steps)
   if axis_name is not None:
     # Means of sums over devices: their ratios are the global token means.
     grads, sums = jax.lax.pmean((grads, sums), axis_name)
@@ -185,18 +162,10 @@ def eval_step(state: TrainState, batch: dict,
   return sums
 
 
-def diagnostics_step(state: TrainState, batch: dict, axis_name: str | None = None,
-                     apply_fn: Callable | None = None) -> dict[str, jax.Array]:
-  """The signal-propagation diagnostics of the current parameters on `batch` (one forward pass,
-  no update): `diagnostics.collect` of the sown intermediates, e.g. {"kurtosis/layer_0": f32[]}.
-
-  `apply_fn` (default `state.apply_fn`) may be the same model on the explicit attention path,
-  whose softmax probabilities give the attention entropy (the fused path sows none). Under
-  pmap each device reports its own rows (the loop logs the first device's).
-  """
+def diagnostics_step(state: TrainState, batch: dict,
+                     axis_name: str | None = None) -> dict[str, jax.Array]:
+  """`diagnostics.collect` of the current parameters on `batch` (one forward pass, no update),
+  e.g. {"kurtosis/layer_0": f32[]}. Under pmap each device reports its own rows."""
   del axis_name   # statistics of one device's rows; no collective
-  apply_fn = apply_fn or state.apply_fn
-  _, mutated = apply_fn({"params": state.params, **state.constants}, batch["inputs"],
-                        segment_ids=batch.get("segment_ids"), key_mask=batch.get("key_mask"),
-                        train=False, mutable=["intermediates"])
+  _, mutated = apply_model(state, state.params, batch, train=False, mutable=["intermediates"])
   return diagnostics.collect(mutated["intermediates"], state.params)

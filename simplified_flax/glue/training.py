@@ -1,9 +1,6 @@
-"""GLUE fine-tuning of a pretrained encoder, one task per run: the recipe
-(`finetune_defaults`), the jitted steps and the loop, `finetune(pretrained_workdir, task)`.
-
-The command line, what it writes and the recipe in words are in `simplified_flax/finetune.py`
-(`python -m simplified_flax.finetune --help`). A NaN or infinite loss stops the run with
-NonFiniteLossError (runs/nonfinite.py).
+"""GLUE fine-tuning of a pretrained encoder, one task per run: the recipe (`finetune_defaults`),
+the task loss that training/step.py's train step minimises, and the loop `finetune`. The
+command line, what it writes and the recipe in words: `python -m simplified_flax.finetune`.
 """
 import copy
 import functools
@@ -16,20 +13,19 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from simplified_flax import storage
 from simplified_flax.data import tokenizers
 from simplified_flax.data.errors import DataError
 from simplified_flax.glue import classifier
-from simplified_flax.glue import metrics as task_metrics
-from simplified_flax.glue import tasks as glue
+from simplified_flax.glue import metrics
+from simplified_flax.glue import tasks
 from simplified_flax.model.transformer import build_model
 from simplified_flax.runs import config_checks
 from simplified_flax.runs import metrics_io
 from simplified_flax.runs import nonfinite
+from simplified_flax.training import step
 from simplified_flax.training.evaluation import load_config
-from simplified_flax.training.step import create_train_state
 
 RESULT_FILE = "result.json"
 
@@ -59,7 +55,7 @@ def finetune_config(pretrain_config, ft, num_train_examples: int) -> ml_collecti
   c.seed = ft.seed
   c.batch_size = ft.batch_size
   c.grad_accum_steps = 1
-  c.num_train_steps = ft.epochs * glue.num_batches(num_train_examples, ft.batch_size)
+  c.num_train_steps = ft.epochs * tasks.num_batches(num_train_examples, ft.batch_size)
   c.model.dropout_rate = ft.dropout_rate
   c.model.context_length = ft.seq_len or pretrain_config.model.context_length
   o = c.optimizer
@@ -68,49 +64,27 @@ def finetune_config(pretrain_config, ft, num_train_examples: int) -> ml_collecti
   return c
 
 
-# ------------------------------------------------------------------------------------------
-# Steps (pure; `regression` is static).
-# ------------------------------------------------------------------------------------------
-def _outputs(state, params, batch, train: bool, key=None):
-  return state.apply_fn({"params": params, **state.constants}, batch["inputs"],
-                        key_mask=batch["key_mask"], train=train,
-                        rngs={"dropout": key} if train else None)
-
-
-def train_step(state, batch: dict, regression: bool):
-  """One AdamW update on the weighted mean task loss; metrics loss, grad_norm, learning_rate."""
-  key = jax.random.fold_in(state.rng, state.step)
-  weights_B = batch["weights"]
-
-  def loss_fn(params):
-    loss_B = classifier.task_loss_B(_outputs(state, params, batch, True, key), batch["labels"],
-                                    regression)
-    return jnp.sum(loss_B * weights_B) / jnp.maximum(jnp.sum(weights_B), 1.0)
-
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
-  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-  new_state = state.replace(step=state.step + 1, opt_state=opt_state,
-                            params=optax.apply_updates(state.params, updates))
-  return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads),
-                     "learning_rate": jnp.asarray(state.schedule(state.step), jnp.float32)}
+def task_loss_sums(state, params, batch: dict, *, train: bool, key,
+                   regression: bool) -> dict[str, jax.Array]:
+  """The `step.LossFn` of a task: the summed loss of the real rows and their count."""
+  outputs_BO = step.apply_model(state, params, batch, train=train, key=key)
+  loss_B = classifier.task_loss_B(outputs_BO, batch["labels"], regression)
+  return {"loss_sum": jnp.sum(loss_B * batch["weights"]), "weight_sum": jnp.sum(batch["weights"])}
 
 
 def predict_step(state, batch: dict, regression: bool) -> jax.Array:
-  return classifier.predictions_B(_outputs(state, state.params, batch, False), regression)
+  outputs_BO = step.apply_model(state, state.params, batch, train=False)
+  return classifier.predictions_B(outputs_BO, regression)
 
 
-def evaluate_split(predict_fn, state, split: glue.EncodedSplit, task: glue.GlueTask,
+def evaluate_split(predict_fn, state, split: tasks.EncodedSplit, task: tasks.GlueTask,
                    batch_size: int) -> dict[str, float]:
   """The task's metrics on every example of `split` (padding rows dropped)."""
-  predictions = []
-  for batch in glue.batches(split, batch_size):
-    predictions.append(np.asarray(predict_fn(state, batch))[batch["weights"] > 0])
-  return task_metrics.compute(task.metrics, np.concatenate(predictions), split.labels_N)
+  predictions = [np.asarray(predict_fn(state, batch))[batch["weights"] > 0]
+                 for batch in tasks.batches(split, batch_size)]
+  return metrics.compute(task.metrics, np.concatenate(predictions), split.labels_N)
 
 
-# ------------------------------------------------------------------------------------------
-# The run.
-# ------------------------------------------------------------------------------------------
 def _pretrained_tokenizer(pretrain_config, pretrained_workdir: str):
   def no_training_texts():
     raise DataError(f"{pretrained_workdir} holds no tokenizer.model and data.spm_model_path is "
@@ -118,19 +92,8 @@ def _pretrained_tokenizer(pretrain_config, pretrained_workdir: str):
   return tokenizers.build_tokenizer(pretrain_config.data, pretrained_workdir, no_training_texts)
 
 
-def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None, *,
-             config=None, ft=None, tensorboard: bool = False) -> dict:
-  """Fine-tunes the latest checkpoint of `pretrained_workdir` on a GLUE task.
-
-  `config` defaults to the run's `config.json`, `ft` to `finetune_defaults()`. Returns (and
-  writes to `workdir/result.json`) {"task", "score", "metrics", "pretrained_step", ...}.
-  """
-  # Configs, pretrained encoder, tokenizer, data.
-  task = glue.get_task(task_name)
-  ft = ft if ft is not None else finetune_defaults()
-  config_checks.validate_finetune_config(ft)   # before the output folder is created
-  workdir = workdir or os.path.join(pretrained_workdir, "glue", task.name)
-  epath.Path(workdir).mkdir(parents=True, exist_ok=True)   # epath: gs://... works too
+def _pretrain_config(pretrained_workdir: str, config):
+  """`config` (default: the run's config.json) with the run's vocab_size when unset."""
   saved = load_config(pretrained_workdir)
   pretrain_config = copy.deepcopy(config) if config is not None else saved
   if pretrain_config.model.vocab_size is None:
@@ -138,60 +101,77 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
   if pretrain_config.model.kind != "encoder":
     raise ValueError(f"model.kind={pretrain_config.model.kind!r}: GLUE fine-tuning needs an "
                      f"encoder (a configs/bert_*.py run).")
+  return pretrain_config
+
+
+def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None, *,
+             config=None, ft=None, tensorboard: bool = False) -> dict:
+  """Fine-tunes the latest checkpoint of `pretrained_workdir` on a GLUE task; returns (and
+  writes to `workdir/result.json`) {"task", "score", "metrics", "pretrained_step", ...}.
+
+  `config` defaults to the run's `config.json`, `ft` to `finetune_defaults()`. A NaN or
+  infinite loss stops the run with NonFiniteLossError.
+  """
+  task = tasks.get_task(task_name)
+  ft = ft if ft is not None else finetune_defaults()
+  config_checks.validate_finetune_config(ft, config)   # before the output folder is created
+  workdir = workdir or os.path.join(pretrained_workdir, "glue", task.name)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)   # epath: gs://... works too
+  pretrain_config = _pretrain_config(pretrained_workdir, config)
   # Restored before the data is read: a mismatched config fails in seconds, not after QQP.
   encoder_params, encoder_constants, pretrained_step = classifier.load_pretrained_encoder(
       pretrained_workdir, pretrain_config)
   tokenizer = _pretrained_tokenizer(pretrain_config, pretrained_workdir)
-  seq_len = ft.seq_len or pretrain_config.model.context_length
-  load = functools.partial(glue.load_split, task, tokenizer=tokenizer, seq_len=seq_len,
+  load = functools.partial(tasks.load_split, task, tokenizer=tokenizer,
+                           seq_len=ft.seq_len or pretrain_config.model.context_length,
                            data_dir=ft.tfds_data_dir)
   train_split = load("train", max_examples=ft.max_train_examples)
   eval_splits = {name: load(name, max_examples=ft.max_eval_examples)
                  for name in task.eval_splits}
   config = finetune_config(pretrain_config, ft, len(train_split))
 
-  # Model: pretrained encoder, fresh head.
+  # Pretrained encoder, fresh head; the training step with the task's loss.
   model = classifier.Classifier(build_model(config.model, dtype=config.dtype), task.num_labels,
                                 ft.dropout_rate)
-  state = create_train_state(config, jax.random.PRNGKey(ft.seed), model=model)
+  state = step.create_train_state(config, jax.random.PRNGKey(ft.seed), model=model)
   state = classifier.with_pretrained_encoder(state, encoder_params, encoder_constants)
-  regression = task.is_regression
-  train_fn = jax.jit(functools.partial(train_step, regression=regression), donate_argnums=0)
-  predict_fn = jax.jit(functools.partial(predict_step, regression=regression))
+  loss_fn = functools.partial(task_loss_sums, regression=task.is_regression)
+  train_fn = jax.jit(functools.partial(step.train_step, loss_fn=loss_fn), donate_argnums=0)
+  predict_fn = jax.jit(functools.partial(predict_step, regression=task.is_regression))
   logging.info("Fine-tuning step-%d encoder on %s: %d train examples, %d steps.",
                pretrained_step, task.tfds_name, len(train_split), config.num_train_steps)
 
-  # Loop: epochs of shuffled batches; metrics are read only at log steps and epoch ends.
+  # Epochs of shuffled batches; metrics are read only at log steps and epoch ends.
   stale = epath.Path(workdir) / metrics_io.METRICS_FILE
   if jax.process_index() == 0 and stale.exists():   # a fine-tuning run never resumes
     stale.unlink()
   writer = metrics_io.make_writer(workdir, tensorboard)
   rng = np.random.default_rng(ft.seed)
-  step, pending, scores = 0, [], {}
+  steps, pending, scores = 0, [], {}
   try:
     for epoch in range(1, ft.epochs + 1):
-      for batch in glue.batches(train_split, ft.batch_size, rng):
-        state, metrics = train_fn(state, batch)
-        step += 1
-        pending.append((step, metrics))
-        if step % ft.log_every_steps == 0:
+      for batch in tasks.batches(train_split, ft.batch_size, rng):
+        state, step_metrics = train_fn(state, batch)
+        steps += 1
+        pending.append((steps, step_metrics))
+        if steps % ft.log_every_steps == 0:
           pending = _flush(pending, writer)
       pending = _flush(pending, writer)
       scores = {name: evaluate_split(predict_fn, state, split, task, ft.eval_batch_size)
                 for name, split in eval_splits.items()}
       row = {f"{name}/{metric}": value for name, values in scores.items()
              for metric, value in values.items()}
-      score = glue.task_score(scores)
-      writer.write_scalars(step, {"epoch": epoch, **row, "score": score})
-      logging.info("epoch %d | step %d | %s | score %.2f", epoch, step,
+      score = tasks.task_score(scores)
+      writer.write_scalars(steps, {"epoch": epoch, **row, "score": score})
+      logging.info("epoch %d | step %d | %s | score %.2f", epoch, steps,
                    " ".join(f"{k} {v:.4f}" for k, v in row.items()), score)
   finally:
     writer.close()
 
-  result = {"task": task.name, "score": glue.task_score(scores), "metrics": scores,
+  result = {"task": task.name, "score": score, "metrics": scores,
             "pretrained_workdir": (pretrained_workdir if storage.is_remote(pretrained_workdir)
                                    else os.path.abspath(pretrained_workdir)),
-            "pretrained_step": int(pretrained_step), "steps": step,
+            "pretrained_step": int(pretrained_step), "steps": steps,
             "train_examples": len(train_split)}
   if jax.process_index() == 0:
     (epath.Path(workdir) / RESULT_FILE).write_text(json.dumps(result, indent=2))
@@ -199,8 +179,8 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
 
 
 def _flush(pending: list[tuple[int, dict]], writer) -> list:
-  """Checks the pending steps' metrics and writes one row at the last of them: the mean loss
-  over them, the last grad norm and learning rate. Returns an empty list."""
+  """Checks the pending steps' metrics and writes one row at the last of them (mean loss, last
+  grad norm and learning rate); returns an empty list."""
   if not pending:
     return []
   pending = [(s, jax.device_get(m)) for s, m in pending]

@@ -1,5 +1,6 @@
-"""The step breakdown: HLO costs, the parts' names, and a profiled tiny step on the CPU (the
+"""experiments/step_breakdown.py: the parts' names, and a profiled tiny step on the CPU (the
 `--breakdown` flag of the command: test_benchmark.py)."""
+import sys
 from types import SimpleNamespace
 
 import jax
@@ -7,23 +8,12 @@ import jax.numpy as jnp
 import pytest
 
 from conftest import TINY_MODEL
-from simplified_flax import benchmark
-from simplified_flax import benchmark_breakdown
-from simplified_flax import hlo_costs
+from test_train_loop import REPO
 
-
-def test_hlo_costs_count_matmuls_and_loop_trips():
-  def f(x_MK, w_KN):
-    def body(carry, _):
-      return jnp.tanh(carry @ w_KN), None
-    return jax.lax.scan(body, x_MK, None, length=5)[0]
-
-  x_MK, w_KN = jnp.ones((16, 32)), jnp.ones((32, 32))
-  program = hlo_costs.parse(jax.jit(f).lower(x_MK, w_KN).compile().as_text())
-  matmuls = [k for k in program.kernels.values() if k.is_matmul]
-  assert sum(k.flops * k.runs for k in matmuls) == 5 * 2 * 16 * 32 * 32
-  assert all(k.runs == 5 and k.bytes >= 4 * (16 * 32 + 32 * 32 + 16 * 32) for k in matmuls)
-  assert program.module.startswith("jit_f")
+sys.path.insert(0, str(REPO))
+from experiments import benchmark  # pylint: disable=wrong-import-position
+from experiments import hlo_costs  # pylint: disable=wrong-import-position
+from experiments import step_breakdown  # pylint: disable=wrong-import-position
 
 
 @pytest.mark.parametrize("op_name,is_matmul,part", [
@@ -42,7 +32,7 @@ def test_hlo_costs_count_matmuls_and_loop_trips():
     ("", False, "other"),
 ])
 def test_parts_follow_the_name_scopes(op_name, is_matmul, part):
-  assert benchmark_breakdown.part_of(op_name, is_matmul) == part
+  assert step_breakdown.part_of(op_name, is_matmul) == part
 
 
 def test_breakdown_of_a_profiled_tiny_step():
@@ -51,9 +41,9 @@ def test_breakdown_of_a_profiled_tiny_step():
       **{f"model.{k}": v for k, v in TINY_MODEL.items()}, "model.vocab_size": V,
       "model.loss_vocab_chunk_size": 128, "batch_size": B})
   runner = benchmark.Runner("preln", config)
-  result = benchmark_breakdown.breakdown(runner.step, runner.run, steps=2)
+  result = step_breakdown.breakdown(runner.step, runner.run, steps=2)
   parts = result["parts"]
-  assert list(parts) == list(benchmark_breakdown.PARTS) and result["timed"]
+  assert list(parts) == list(step_breakdown.PARTS) and result["timed"]
   tokens = B * T
   # Pre-LN's linear layers: query/key 2D^2, value D^2, output D^2, MLP 8D^2; x3 fwd + bwd.
   assert parts["block matmuls"]["flops"] == 6 * tokens * L * 12 * D * D
@@ -63,7 +53,7 @@ def test_breakdown_of_a_profiled_tiny_step():
   for part in ("attention core", "block matmuls", "head + loss", "optimizer"):
     assert parts[part]["time_s"] > 0 and parts[part]["bytes"] > 0, part
   assert result["op_time_s"] == pytest.approx(sum(p["time_s"] for p in parts.values()))
-  text = benchmark_breakdown.table("preln", result, step_time_s=0.01)
+  text = step_breakdown.table("preln", result, step_time_s=0.01)
   assert "head + loss" in text and "all kernels" in text
 
 
@@ -80,9 +70,9 @@ def test_a_loop_counts_once_whether_or_not_its_kernels_show():
   event = lambda name, ns: SimpleNamespace(name=name, duration_ns=ns, stats=[
       ("hlo_op", name), ("hlo_module", program.module)])
   plane = lambda *events: SimpleNamespace(lines=[SimpleNamespace(name="stream", events=events)])
-  seconds = benchmark_breakdown._plane_kernel_seconds(  # pylint: disable=protected-access
+  seconds = step_breakdown._plane_kernel_seconds(  # pylint: disable=protected-access
       plane(event(loop, 900), event(body_kernel, 300)), program)
   assert seconds == {body_kernel: pytest.approx(3e-7)}
-  seconds = benchmark_breakdown._plane_kernel_seconds(  # pylint: disable=protected-access
+  seconds = step_breakdown._plane_kernel_seconds(  # pylint: disable=protected-access
       plane(event(loop, 900)), program)
-  assert seconds == {benchmark_breakdown.UNATTRIBUTED: pytest.approx(9e-7)}
+  assert seconds == {step_breakdown.UNATTRIBUTED: pytest.approx(9e-7)}

@@ -1,6 +1,6 @@
 """Where a training step's time goes: per part of the step, its time, FLOPs and bytes.
 
-    python -m simplified_flax.benchmark --configs=preln,sas_p --breakdown
+    python experiments/benchmark.py --configs=preln,sas_p --breakdown
 
 Method, the same on every backend: the benchmark's compiled step runs `steps` times under
 `jax.profiler`; every kernel the trace shows (an HLO instruction executed: a fusion, a matmul,
@@ -34,7 +34,7 @@ from typing import Any, Dict
 
 import jax
 
-from simplified_flax import hlo_costs
+from experiments import hlo_costs
 
 PARTS = ("embedding", "attention core", "block matmuls", "norms + other elementwise",
          "head + loss", "optimizer", "other")
