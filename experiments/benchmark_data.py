@@ -19,6 +19,7 @@ gathered by this package), "grain batches" lets grain only iterate and prefetch 
 package's batches (`MapDataset.range(...).map(train_batch)`).
 """
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -30,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import configs  # pylint: disable=g-import-not-at-top
-from simplified_flax import prepare as prepare_cli  # pylint: disable=g-import-not-at-top
+from simplified_flax import prepare  # pylint: disable=g-import-not-at-top
 from simplified_flax.data import build_pipeline  # pylint: disable=g-import-not-at-top
 
 TOKENS_PER_BATCH = 128 * 128
@@ -129,10 +130,12 @@ def main() -> None:
   parser.add_argument("--compare_grain", action="store_true",
                       help="also draw every setting through grain (pip install grain)")
   args = parser.parse_args()
+  if args.compare_grain and importlib.util.find_spec("grain") is None:
+    parser.error("--compare_grain needs grain: pip install grain")
   cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="benchmark_data_")
 
   start = time.perf_counter()
-  prepare_cli.prepare(_config(cache_dir, 128, False, "decoder"), workers=os.cpu_count() or 1,
+  prepare.prepare(_config(cache_dir, 128, False, "decoder"), workers=os.cpu_count() or 1,
                       workdir=None)
   prepare_s = time.perf_counter() - start
   rows, grain_rows = [], []

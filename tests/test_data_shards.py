@@ -160,8 +160,8 @@ def test_a_large_unprepared_split_asks_for_the_prepare_command(corpus, tmp_path,
 
 def test_training_reads_the_shards_of_the_prepare_command(corpus, tmp_path, monkeypatch):
   del corpus
-  from simplified_flax import prepare as prepare_cli  # pylint: disable=g-import-not-at-top
-  directories = prepare_cli.prepare(_config(tmp_path, shard_docs=100), workers=1, workdir=None)
+  from simplified_flax import prepare  # pylint: disable=g-import-not-at-top
+  directories = prepare.prepare(_config(tmp_path, shard_docs=100), workers=1, workdir=None)
   assert set(directories) == {"train", "validation"}
 
   def must_not_run(*args, **kwargs):
