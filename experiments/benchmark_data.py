@@ -11,8 +11,15 @@ and packed, for the decoder and the MLM encoder, with 16,384 tokens per batch (t
 batch). Beside these it puts what training consumes at the paper's shape: the Pre-LN step of
 experiments/results/cpu/throughput (this CPU) and the H200 figure the target is set from.
 The target: the pipeline delivers at least 10x what one accelerator consumes.
+
+With --compare_grain (needs `pip install grain`), each setting is also drawn through grain,
+in the same process, right after the hand-written iterator: "grain rows" lets grain shuffle,
+batch and prefetch the row ids (`MapDataset.range(R).shuffle(seed).repeat().batch(B)`, rows
+gathered by this package), "grain batches" lets grain only iterate and prefetch this
+package's batches (`MapDataset.range(...).map(train_batch)`).
 """
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -24,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import configs  # pylint: disable=g-import-not-at-top
-from simplified_flax import prepare as prepare_cli  # pylint: disable=g-import-not-at-top
+from simplified_flax import prepare  # pylint: disable=g-import-not-at-top
 from simplified_flax.data import build_pipeline  # pylint: disable=g-import-not-at-top
 
 TOKENS_PER_BATCH = 128 * 128
@@ -42,15 +49,44 @@ def _config(cache_dir: str, seq_len: int, packing: bool, kind: str):
   return config
 
 
-def pipeline_tokens_per_second(config, num_batches: int) -> dict:
-  pipeline = build_pipeline(config, process_index=0, process_count=1)
-  iterator = pipeline.train_iterator()
+def _tokens_per_second(iterator, num_batches: int) -> float:
   next(iterator)  # starts the prefetch thread
   start = time.perf_counter()
   tokens = sum(next(iterator)["inputs"].size for _ in range(num_batches))
   seconds = time.perf_counter() - start
-  iterator.close()
-  return {"tokens_per_s": tokens / seconds, "batches": num_batches, "seconds": seconds}
+  getattr(iterator, "close", lambda: None)()
+  return tokens / seconds
+
+
+def pipeline_tokens_per_second(config, num_batches: int) -> dict:
+  iterator = build_pipeline(config, process_index=0, process_count=1).train_iterator()
+  tokens_per_s = _tokens_per_second(iterator, num_batches)
+  return {"tokens_per_s": tokens_per_s, "batches": num_batches,
+          "seconds": num_batches * TOKENS_PER_BATCH / tokens_per_s}
+
+
+def grain_tokens_per_second(config, num_batches: int) -> dict:
+  """Tokens/s of the hand-written iterator and of the two grain streams (see the module doc),
+  one after the other, each on a freshly built pipeline."""
+  import grain  # pylint: disable=g-import-not-at-top
+  read = grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
+
+  def grain_rows(maker):
+    rows = grain.MapDataset.range(maker.source.num_rows).shuffle(seed=config.seed).repeat()
+    return rows.batch(maker.global_batch, drop_remainder=True).map_with_index(
+        lambda k, ids_B: maker._batch(ids_B, [config.seed, k]))  # pylint: disable=protected-access
+
+  streams = {"hand_written": lambda pipeline: pipeline.train_iterator(),
+             "grain_rows": lambda pipeline: iter(grain_rows(pipeline.train).to_iter_dataset(read)),
+             "grain_batches": lambda pipeline: iter(grain.MapDataset.range(10**15).map(
+                 pipeline.train.train_batch).to_iter_dataset(read))}
+  result = {}
+  for name, stream in streams.items():
+    pipeline = build_pipeline(config, process_index=0, process_count=1)
+    result[name] = _tokens_per_second(stream(pipeline), num_batches)
+  return {**result, "grain_rows_ratio": result["grain_rows"] / result["hand_written"],
+          "grain_batches_ratio": result["grain_batches"] / result["hand_written"],
+          "grain_version": grain.__version__}
 
 
 def resume_seconds(config, batch_index: int) -> float:
@@ -91,23 +127,32 @@ def main() -> None:
   parser.add_argument("--batches", type=int, default=300, help="batches timed per setting")
   parser.add_argument("--cache_dir", default=None, help="shard root (default: a temp dir)")
   parser.add_argument("--output", default=None, help="write results.json and report.md here")
+  parser.add_argument("--compare_grain", action="store_true",
+                      help="also draw every setting through grain (pip install grain)")
   args = parser.parse_args()
+  if args.compare_grain and importlib.util.find_spec("grain") is None:
+    parser.error("--compare_grain needs grain: pip install grain")
   cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="benchmark_data_")
 
   start = time.perf_counter()
-  prepare_cli.prepare(_config(cache_dir, 128, False, "decoder"), workers=os.cpu_count() or 1,
+  prepare.prepare(_config(cache_dir, 128, False, "decoder"), workers=os.cpu_count() or 1,
                       workdir=None)
   prepare_s = time.perf_counter() - start
-  rows = []
+  rows, grain_rows = [], []
   for kind, seq_len, packing in [("decoder", 128, False), ("decoder", 128, True),
                                  ("decoder", 1024, False), ("decoder", 1024, True),
                                  ("encoder", 128, False), ("encoder", 128, True)]:
-    result = pipeline_tokens_per_second(_config(cache_dir, seq_len, packing, kind),
-                                        args.batches)
-    rows.append({"kind": kind, "T": seq_len, "packing": packing,
-                 "batch": TOKENS_PER_BATCH // seq_len, **result})
+    setting = {"kind": kind, "T": seq_len, "packing": packing,
+               "batch": TOKENS_PER_BATCH // seq_len}
+    config = _config(cache_dir, seq_len, packing, kind)
+    result = pipeline_tokens_per_second(config, args.batches)
+    rows.append({**setting, **result})
     print(f"{kind:8s} T={seq_len:5d} packing={packing!s:5s}: "
           f"{result['tokens_per_s']:14,.0f} tokens/s", flush=True)
+    if args.compare_grain:
+      grain_rows.append({**setting, **grain_tokens_per_second(config, args.batches)})
+      print(f"  grain rows / hand-written: {grain_rows[-1]['grain_rows_ratio']:.2f}x, grain "
+            f"batches / hand-written: {grain_rows[-1]['grain_batches_ratio']:.2f}x", flush=True)
   resume_s = resume_seconds(_config(cache_dir, 128, False, "decoder"), 10**7)
   consumers = training_consumption()
   slowest = min(r["tokens_per_s"] for r in rows)
@@ -116,6 +161,8 @@ def main() -> None:
              "prepare_s": prepare_s, "resume_at_batch_1e7_s":
              resume_s, "pipeline": rows, "consumers_tokens_per_s": consumers,
              "slowest_pipeline_over_consumer": {k: slowest / v for k, v in consumers.items()}}
+  if grain_rows:
+    results["grain"] = grain_rows
   print(f"prepare (stdlib, both splits): {prepare_s:.1f} s; resume at batch 1e7: "
         f"{resume_s:.2f} s")
   for name, value in consumers.items():
@@ -147,6 +194,15 @@ def _report(results: dict) -> str:
             "|---|---|---|"]
   lines += [f"| {k} | {v:,.0f} | {results['slowest_pipeline_over_consumer'][k]:,.1f}x |"
             for k, v in results["consumers_tokens_per_s"].items()]
+  if "grain" in results:
+    lines += ["", f"grain {results['grain'][0]['grain_version']} against the hand-written "
+              "iterator (same pipeline, one after the other; tokens/s, ratio to hand-written):",
+              "", "| model | T | packing | hand-written | grain rows | grain batches |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {r['kind']} | {r['T']} | {r['packing']} | {r['hand_written']:,.0f} | "
+              f"{r['grain_rows']:,.0f} ({r['grain_rows_ratio']:.2f}x) | "
+              f"{r['grain_batches']:,.0f} ({r['grain_batches_ratio']:.2f}x) |"
+              for r in results["grain"]]
   return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,5 @@
-"""Files written through `etils.epath`, the same way for a local path and an object store
-(gs://, s3://): a file is replaced whole, never seen half-written, and a folder moves whole.
-"""
+"""Files written through `etils.epath`, the same way locally and in an object store (gs://,
+s3://): a file is replaced whole, never seen half-written, and a folder moves whole."""
 import os
 from typing import BinaryIO, Callable
 
@@ -14,7 +13,7 @@ def is_remote(path) -> bool:
 
 def write_atomically(path, write: Callable[[BinaryIO], object]) -> None:
   """Calls `write` on a temporary sibling of `path`, then renames it over `path`: a reader, or
-  a run that is killed meanwhile, sees the old file or the new one, never half of one."""
+  a run killed meanwhile, sees the old file or the new one, never half of one."""
   path = epath.Path(path)
   tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
   with tmp.open("wb") as f:
@@ -23,9 +22,8 @@ def write_atomically(path, write: Callable[[BinaryIO], object]) -> None:
 
 
 def move_folder(source, dest) -> None:
-  """Moves the folder `source` to `dest`, making dest's parents. Locally one rename; an object
-  store has no folders to rename, so every object is copied before any is deleted, and
-  `source` stays whole until its copy is."""
+  """Moves the folder `source` to `dest`: locally one rename; in an object store every object
+  is copied before any is deleted, so `source` stays whole until its copy is."""
   source, dest = epath.Path(source), epath.Path(dest)
   dest.parent.mkdir(parents=True, exist_ok=True)
   if not is_remote(source):

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from configs import base
-from simplified_flax.data import batches as batches_lib
 from simplified_flax.data import build_pipeline
 from simplified_flax.data import local_files
 from simplified_flax.data import preparation
-from simplified_flax.data import rows as rows_lib
 from simplified_flax.data import sequences
+from simplified_flax.data.batches import BatchMaker
+from simplified_flax.data.tokenizers import ByteTokenizer
 from simplified_flax.data.errors import DataError
 
 T, BATCH = 16, 4
@@ -136,16 +136,26 @@ def test_two_process_shards_split_each_global_batch(corpus_dirs):
         np.concatenate([shards[0][k]["inputs"], shards[1][k]["inputs"]]), batch["inputs"])
 
 
-def test_process_shards_are_disjoint_and_cover_an_epoch():
-  # Unique token ids make every window identifiable.
-  docs = [np.arange(1000 * d + 10, 1000 * d + 10 + 4 * (d + 1)) for d in range(8)]
-  split = sequences.join_documents(docs, 1, 80_000)
-  source = rows_lib.RowSource(split, 4, packing=False, pad_id=0)
+def test_process_shards_are_disjoint_and_cover_an_epoch(tmp_path):
+  # Unique token ids make every window identifiable; two shards of 4 documents each.
+  lengths = np.arange(1, 9) * 4
+  flat = np.concatenate([np.arange(1000 * d + 10, 1000 * d + 10 + n)
+                         for d, n in enumerate(lengths)])
+  split = sequences.join_documents(flat, lengths, 1, 80_000)
+  address = preparation.Address("hand-made", "train", "byte-v1", 4)
+  directory = address.directory(str(tmp_path))
+  for index in range(2):
+    part = sequences.join_documents(flat[lengths[:4 * index].sum():lengths[:4 * index + 4].sum()],
+                                    lengths[4 * index:4 * index + 4], 1, 80_000)
+    preparation.write_shard(directory, index, part)
+  preparation.write_manifest(directory, address, 2)
+  source = sequences.ShardedRows(preparation.PreparedSplit.open(str(tmp_path), address), seq_len=4,
+                                 packing=False, pad_id=0)
   assert source.num_rows == 36
-  fmt = batches_lib.BatchFormat("decoder", 0.15, 2, 3, 80_000)
   seen = []
   for p in range(2):
-    maker = batches_lib.BatchMaker(source, fmt, batches_lib.Sharding(6, p, 2), seed=3)
+    maker = BatchMaker(source, kind="decoder", mlm_rate=0.15, tokenizer=ByteTokenizer(),
+                       global_batch=6, process_index=p, process_count=2, seed=3)
     rows = np.concatenate([maker.train_batch(k)["inputs"] for k in range(maker.batches_per_epoch)])
     seen.append({tuple(r) for r in rows})
     assert len(seen[-1]) == len(rows) == 18
@@ -160,7 +170,7 @@ def test_second_build_reads_the_prepared_shards(corpus_dirs, monkeypatch):
   def must_not_run(*args, **kwargs):
     raise AssertionError("rebuilt")
 
-  monkeypatch.setattr(preparation, "prepare_split", must_not_run)
+  monkeypatch.setattr(preparation, "_tokenize_shard", must_not_run)
   monkeypatch.setattr(local_files, "read_documents", must_not_run)
   pipeline = build_pipeline(_config(corpus_dirs), process_index=0, process_count=1)
   next(pipeline.train_iterator())

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import configs
-from simplified_flax import prepare as prepare_cli
+from simplified_flax import prepare
 from simplified_flax.data import build_pipeline
 from test_train_loop import TINY, kill_and_resume, subprocess_env, train_rows
 
@@ -41,7 +41,7 @@ def test_million_documents_prepare_train_kill_resume(tmp_path):
   config = configs.load("preln:cpu", overrides)
 
   start = time.perf_counter()
-  directories = prepare_cli.prepare(config, workers=2, workdir=None)
+  directories = prepare.prepare(config, workers=2, workdir=None)
   prepare_s = time.perf_counter() - start
   train_shards = glob.glob(f"{directories['train']}/tokens-*.npy")
   assert len(train_shards) == 10  # 950K train documents in shards of 100K

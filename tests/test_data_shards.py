@@ -10,12 +10,11 @@ import pytest
 
 from configs import base
 from simplified_flax.data import build_pipeline
-from simplified_flax.data import pipeline as pipeline_lib
+from simplified_flax.data import pipeline
 from simplified_flax.data import preparation
-from simplified_flax.data import shards
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.index_shuffle import IndexShuffle
-from simplified_flax.data.local_corpus import LocalCorpus
+from simplified_flax.data.corpus import LocalCorpus
 from simplified_flax.data.prefetch import Prefetcher
 from simplified_flax.data.tokenizers import ByteTokenizer
 
@@ -111,8 +110,8 @@ def test_a_killed_preparation_keeps_its_finished_shards(corpus, tmp_path, monkey
   root = str(tmp_path / "b")
   with pytest.raises(KeyboardInterrupt):
     preparation.prepare_split(corpus, "train", tokenizer, root, shard_docs=100)
-  address = shards.Address(corpus.identity, "train", tokenizer.fingerprint, 100)
-  assert shards.PreparedSplit.open(root, address) is None  # not usable half-way
+  address = preparation.Address(corpus.identity, "train", tokenizer.fingerprint, 100)
+  assert preparation.PreparedSplit.open(root, address) is None  # not usable half-way
   monkeypatch.setattr(preparation, "_tokenize_shard",
                       lambda *args: tokenized.append(args[1]) or real(*args))
   resumed = preparation.prepare_split(corpus, "train", tokenizer, root, shard_docs=100)
@@ -123,11 +122,11 @@ def test_a_killed_preparation_keeps_its_finished_shards(corpus, tmp_path, monkey
 
 
 def test_shards_are_addressed_by_corpus_split_tokenizer_and_size(corpus):
-  base_address = shards.Address(corpus.identity, "train", "byte-v1", 100)
-  others = [shards.Address("text_files/other", "train", "byte-v1", 100),
-            shards.Address(corpus.identity, "validation", "byte-v1", 100),
-            shards.Address(corpus.identity, "train", "spm-0123456789abcdef", 100),
-            shards.Address(corpus.identity, "train", "byte-v1", 50)]
+  base_address = preparation.Address(corpus.identity, "train", "byte-v1", 100)
+  others = [preparation.Address("text_files/other", "train", "byte-v1", 100),
+            preparation.Address(corpus.identity, "validation", "byte-v1", 100),
+            preparation.Address(corpus.identity, "train", "spm-0123456789abcdef", 100),
+            preparation.Address(corpus.identity, "train", "byte-v1", 50)]
   directories = {str(a.directory("/root")) for a in [base_address, *others]}
   assert len(directories) == 5
 
@@ -135,10 +134,10 @@ def test_shards_are_addressed_by_corpus_split_tokenizer_and_size(corpus):
 def test_a_corrupt_manifest_is_an_error_naming_the_fix(corpus, tmp_path):
   prepared = preparation.prepare_split(corpus, "train", ByteTokenizer(), str(tmp_path),
                                        shard_docs=1000)
-  (prepared.directory / shards.MANIFEST).write_text("{not json")
-  address = shards.Address(corpus.identity, "train", "byte-v1", 1000)
+  (prepared.directory / preparation.MANIFEST).write_text("{not json")
+  address = preparation.Address(corpus.identity, "train", "byte-v1", 1000)
   with pytest.raises(DataError, match=r"manifest .* is corrupt .*Delete .* prepare the split"):
-    shards.PreparedSplit.open(str(tmp_path), address)
+    preparation.PreparedSplit.open(str(tmp_path), address)
 
 
 def _config(tmp_path, **data):
@@ -152,7 +151,7 @@ def _config(tmp_path, **data):
 
 def test_a_large_unprepared_split_asks_for_the_prepare_command(corpus, tmp_path, monkeypatch):
   del corpus  # writes docs.jsonl
-  monkeypatch.setattr(pipeline_lib, "PREPARE_IN_PROCESS_BYTES", 100)
+  monkeypatch.setattr(pipeline, "PREPARE_IN_PROCESS_BYTES", 100)
   monkeypatch.setattr(sys, "argv", ["train.py", "--config=configs/sas.py:cpu", "--workdir=w"])
   with pytest.raises(DataError, match=r"is not prepared in .*shards.*  python -m "
                      r"simplified_flax\.prepare --config=configs/sas\.py:cpu$"):
@@ -161,27 +160,26 @@ def test_a_large_unprepared_split_asks_for_the_prepare_command(corpus, tmp_path,
 
 def test_training_reads_the_shards_of_the_prepare_command(corpus, tmp_path, monkeypatch):
   del corpus
-  from simplified_flax import prepare as prepare_cli  # pylint: disable=g-import-not-at-top
-  directories = prepare_cli.prepare(_config(tmp_path, shard_docs=100), workers=1, workdir=None)
+  from simplified_flax import prepare  # pylint: disable=g-import-not-at-top
+  directories = prepare.prepare(_config(tmp_path, shard_docs=100), workers=1, workdir=None)
   assert set(directories) == {"train", "validation"}
 
   def must_not_run(*args, **kwargs):
     raise AssertionError("prepared again")
 
-  monkeypatch.setattr(preparation, "prepare_split", must_not_run)
-  pipeline = build_pipeline(_config(tmp_path, shard_docs=100), process_index=0,
-                            process_count=1)
-  batch = next(pipeline.train_iterator())
+  monkeypatch.setattr(preparation, "_tokenize_shard", must_not_run)
+  built = build_pipeline(_config(tmp_path, shard_docs=100), process_index=0, process_count=1)
+  batch = next(built.train_iterator())
   assert batch["inputs"].shape == (4, 8)
   texts = [json.loads(line)["text"] for line in (tmp_path / "docs.jsonl").read_text().split("\n")
            if line]
   for row in batch["inputs"]:  # every window is a piece of one document
-    assert any(pipeline.tokenizer.decode(row) in text for text in texts)
+    assert any(built.tokenizer.decode(row) in text for text in texts)
 
 
 def test_the_data_package_imports_without_tensorflow():
   code = ("import sys, simplified_flax.data, simplified_flax.data.preparation, "
-          "simplified_flax.data.local_corpus, simplified_flax.prepare; "
+          "simplified_flax.data.corpus, simplified_flax.prepare; "
           "bad = [m for m in ('tensorflow', 'tensorflow_datasets') if m in sys.modules]; "
           "assert not bad, bad")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

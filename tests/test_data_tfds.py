@@ -9,7 +9,7 @@ import tensorflow_datasets as tfds
 
 from configs import base
 from simplified_flax.data import build_pipeline
-from simplified_flax.data import tfds_corpus
+from simplified_flax.data import corpus
 from simplified_flax.data.errors import DataError
 
 T, BATCH = 8, 4
@@ -78,7 +78,7 @@ def test_text_files_by_config(tmp_path):
 def test_text_key_missing_from_a_dataset_is_an_error():
   with pytest.raises(DataError, match=r"dataset 'squad' has no feature 'content'; its text "
                      r"features are \['title', 'context', 'question'\]"):
-    tfds_corpus._text_key(tfds.builder("squad"), "content")  # pylint: disable=protected-access
+    corpus._text_key(tfds.builder("squad"), "content")  # pylint: disable=protected-access
 
 
 def test_tfds_corpus_in_several_shards_resumes_exactly(tmp_path):

@@ -29,7 +29,8 @@ def test_byte_tokenizer_layout_and_round_trip():
   ids = tok.encode(text)
   assert min(ids) >= tok.first_regular_id and max(ids) < tok.vocab_size
   assert tok.decode(ids) == text
-  assert [a.tolist() for a in tok.encode_batch([text, ""])] == [ids, []]
+  flat, lengths = tok.encode_flat([text, "", text])
+  assert flat.tolist() == ids * 2 and lengths.tolist() == [len(ids), 0, len(ids)]
 
 
 def test_byte_decode_survives_invalid_utf8_and_special_ids():

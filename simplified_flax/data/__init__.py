@@ -1,22 +1,16 @@
 """Data for training: corpora (local files or tfds), tokenizers, prepared token shards,
-windows or packed rows, MLM, the iterator (README, "Data").
+windows or packed rows, MLM, the checkpointable iterator (README, "Data").
 
-    from simplified_flax.data import build_pipeline
     pipeline = build_pipeline(config, workdir=workdir)   # sets config.model.vocab_size if None
     it = pipeline.train_iterator()
     batch = next(it)            # numpy, b = config.batch_size // process_count rows
     state = it.get_state()      # JSON; the same on every process; it.set_state(state) resumes
     for batch in pipeline.eval_batches(config.eval_steps): ...   # the same every call and seed
 
-Batches (T = config.model.context_length):
-  decoder: {"inputs": int32[b, T]} (+ "segment_ids": int32[b, T] with data.packing)
-  encoder: {"inputs": int32[b, T] masked, "targets": int32[b, T], "weights": float32[b, T]
-            (1.0 at the masked positions that are scored), "key_mask": bool[b, T] (True = real
-            token)} (+ "segment_ids" with data.packing)
-segment_ids number documents 1, 2, ... within a row and are 0 on padding (packing only).
-
-Shards are made by `python -m simplified_flax.prepare` (or, for a small corpus, by
-`build_pipeline` itself). Importing this package loads no TensorFlow.
+decoder batch: {"inputs": int32[b, T]}; encoder batch: {"inputs": int32[b, T] masked,
+"targets": int32[b, T], "weights": float32[b, T] (1.0 where scored), "key_mask": bool[b, T]
+(True = real token)}; with data.packing both add "segment_ids": int32[b, T] (documents
+1, 2, ... within a row, 0 on padding). Importing this package loads no TensorFlow.
 """
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.iterator import CheckpointableIterator

@@ -1,14 +1,7 @@
-"""A seeded bijection of [0, n) evaluated one index at a time: shuffling without a permutation.
-
-    order = IndexShuffle(n, key=(seed, tag, epoch))
-    order(np.arange(8))          # the first 8 positions of the shuffled order, int64[8]
-
-A balanced Feistel network on the smallest even number of bits that covers n is a bijection
-of [0, 2^bits); "cycle walking" (apply it again while the value is >= n) restricts it to a
-bijection of [0, n). Looking up m positions costs O(m) time and memory whatever n is, so an
-epoch of billions of rows is shuffled globally without ever materialising its order, and a
-resumed run computes batch k's rows directly. The domain is < 4n, so the expected number of
-walks per index is below 4.
+"""A seeded bijection of [0, n) evaluated one index at a time: a shuffle never materialised.
+A balanced Feistel network on the smallest even number of bits covering n permutes
+[0, 2^bits); cycle walking (reapply while >= n) restricts it to [0, n), under 4 walks per
+index expected. m lookups cost O(m) whatever n is: `IndexShuffle(n, (seed, epoch))(ids)`.
 """
 from typing import Sequence
 
@@ -18,15 +11,14 @@ _ROUNDS = 4
 
 
 def mix64(x_U64: np.ndarray) -> np.ndarray:
-  """splitmix64's finaliser: a fast, well-mixing map of uint64 arrays (wrapping arithmetic;
-  numpy does not warn on array overflow, and an errstate here would cost more than the mix)."""
+  """splitmix64's finaliser, a fast well-mixing map of uint64 arrays (arithmetic wraps)."""
   x_U64 = (x_U64 ^ (x_U64 >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
   x_U64 = (x_U64 ^ (x_U64 >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
   return x_U64 ^ (x_U64 >> np.uint64(31))
 
 
 class IndexShuffle:
-  """A bijection of [0, n) seeded by `key` (a sequence of non-negative ints); see module doc."""
+  """A bijection of [0, n) seeded by `key` (a sequence of non-negative ints)."""
 
   def __init__(self, n: int, key: Sequence[int]):
     if n < 1:
@@ -50,7 +42,7 @@ class IndexShuffle:
       raise IndexError(f"IndexShuffle positions must lie in [0, {self.n}).")
     x_U64 = self._feistel(positions.astype(np.uint64))
     outside = x_U64 >= np.uint64(self.n)
-    while outside.any():  # cycle walking: terminates, the cycle through x holds values < n
+    while outside.any():  # terminates: the cycle through x holds values < n
       x_U64[outside] = self._feistel(x_U64[outside])
       outside = x_U64 >= np.uint64(self.n)
     return x_U64.astype(np.int64)

@@ -1,22 +1,18 @@
-"""Finding, validating and splitting the documents of a local corpus (pure file-system code).
+"""The documents of a local corpus: found, validated and split (file-system code only).
 
-Two kinds of local corpus (read by `local_corpus.py`):
-  * `python_code`: every `*.py` file under a list of root directories (default: the running
-    interpreter's standard library), one document per file;
-  * `text_files`: a list of files or globs; a `.jsonl` file holds one document per line (a JSON
-    object whose `json_key` field is the text), any other file is one document.
-
-A document goes to the validation split when a stable hash of its name (path relative to its
-root; for a JSON-lines document, a hash of that name mixed with the line number) falls in the
-first `VALIDATION_PERCENT` of buckets, so the split never depends on the machine, the file
-order or the other files. Documents are kept per file (`DocGroup`: a file, or the chosen lines
-of a JSON-lines file), so a million-line file costs arrays, not a million objects.
+`python_code`: one document per `*.py` file under some roots (default: the interpreter's
+standard library). `text_files`: one per file, or per line of a `.jsonl` file (the text in its
+`json_key` field). A document goes to validation when a stable hash of its root-relative name
+(for a JSON line, mixed with the line number) falls in the first VALIDATION_PERCENT of
+buckets, so the split depends on nothing else. Documents are kept per file (`DocGroup`): a
+million-line file costs arrays, not objects.
 """
 import dataclasses
 import glob
 import hashlib
 import json
 import os
+import pathlib
 import sysconfig
 from typing import Iterator, Sequence
 
@@ -30,8 +26,6 @@ VALIDATION_PERCENT = 5
 # Installed third-party packages and caches are not part of a source tree's own code.
 PRUNED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", ".git", ".hg",
                          ".svn", ".tox", ".venv", "node_modules"})
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
-_GLOB_CHARS = frozenset("*?[")
 _JSONL_BATCH = 10_000  # lines parsed by one json.loads call
 
 
@@ -41,28 +35,19 @@ class DocGroup:
   name: str        # stable, root-relative name: hashed for the split
   abs_path: str
   lines: tuple[int, ...] | None = None  # 1-based line numbers, ascending
-  root_index: int = 0  # tells apart equal names under different roots
 
   @property
   def num_docs(self) -> int:
     return 1 if self.lines is None else len(self.lines)
 
   def buckets(self) -> np.ndarray:
-    """int64[num_docs]: each document's hash bucket in [0, 10000) (see `split_of`)."""
+    """int64[num_docs]: each document's hash bucket in [0, 10000)."""
+    name_hash = int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:8], "big")
     if self.lines is None:
-      return np.array([_bucket(self.name)], np.int64)
+      return np.array([name_hash % 10_000], np.int64)
     # One SHA-256 per file, then a vectorised mix per line: a million lines cost ~0.1 s.
-    seed = np.uint64(int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:8], "big"))
-    mixed = mix64(seed + np.asarray(self.lines, np.uint64) * np.uint64(0x9E3779B97F4A7C15))
-    return (mixed % np.uint64(10_000)).astype(np.int64)
-
-  def subset(self, keep: np.ndarray) -> "DocGroup | None":
-    """The documents where `keep` (bool[num_docs]) holds, or None when none does."""
-    if not keep.any():
-      return None
-    if self.lines is None:
-      return self
-    return dataclasses.replace(self, lines=tuple(np.asarray(self.lines)[keep].tolist()))
+    lines_U64 = np.asarray(self.lines, np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return (mix64(np.uint64(name_hash) + lines_U64) % np.uint64(10_000)).astype(np.int64)
 
 
 def stdlib_root() -> str:
@@ -70,26 +55,14 @@ def stdlib_root() -> str:
   return sysconfig.get_paths()["stdlib"]
 
 
-def split_of(name: str) -> str:
-  """'validation' for VALIDATION_PERCENT% of whole-file names (by a stable hash), else 'train'."""
-  return "validation" if _bucket(name) < VALIDATION_PERCENT * 100 else "train"
-
-
-def _bucket(name: str) -> int:
-  digest = hashlib.sha256(name.encode("utf-8")).digest()
-  return int.from_bytes(digest[:8], "big") % 10_000
-
-
 def assign_splits(groups: Sequence[DocGroup]) -> dict[str, list[DocGroup]]:
-  """Splits documents by their bucket (the first VALIDATION_PERCENT% go to validation); a
-  corpus whose hash leaves validation empty gives it the document with the smallest bucket,
-  so tiny corpora still have an eval split."""
+  """Documents by split (see the module docstring); when the hash leaves validation empty, it
+  gets the document with the smallest bucket, so tiny corpora still have an eval split."""
   total = sum(g.num_docs for g in groups)
   if total < 2:
-    raise DataError(
-        f"The corpus has {total} usable document(s); at least 2 are needed so that one can "
-        "be held out for the validation split. Add files (or, for text_files, use a JSON-lines "
-        "file with one document per line).")
+    raise DataError(f"The corpus has {total} usable document(s); 2 or more are needed to hold "
+                    "one out for validation. Add files (or, for text_files, use a JSON-lines "
+                    "file with one document per line).")
   buckets = [g.buckets() for g in groups]
   held_out = [b < VALIDATION_PERCENT * 100 for b in buckets]
   if not any(h.any() for h in held_out):
@@ -98,25 +71,20 @@ def assign_splits(groups: Sequence[DocGroup]) -> dict[str, list[DocGroup]]:
   splits = {"train": [], "validation": []}
   for group, held in zip(groups, held_out):
     for split, keep in (("train", ~held), ("validation", held)):
-      part = group.subset(keep)
-      if part is not None:
-        splits[split].append(part)
+      if keep.any():
+        lines = None if group.lines is None else tuple(np.asarray(group.lines)[keep].tolist())
+        splits[split].append(dataclasses.replace(group, lines=lines))
   return splits
 
 
 def read_text(path: str) -> str | None:
   """The text of the file `path`, or None when it is not UTF-8 (a BOM is dropped)."""
-  with open(path, "rb") as f:
-    data = f.read()
   try:
-    return data.decode("utf-8-sig")
+    return pathlib.Path(path).read_bytes().decode("utf-8-sig")
   except UnicodeDecodeError:
     return None
 
 
-# ------------------------------------------------------------------------------------------
-# python_code: *.py files under roots.
-# ------------------------------------------------------------------------------------------
 def walk_python_files(root: str) -> list[str]:
   """Sorted root-relative paths of the `*.py` files under `root`, skipping PRUNED_DIRS."""
   if not os.path.isdir(root):
@@ -125,26 +93,18 @@ def walk_python_files(root: str) -> list[str]:
                     "standard library.")
   found = []
   for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = sorted(d for d in dirnames if d not in PRUNED_DIRS)
-    for filename in filenames:
-      if filename.endswith(".py"):
-        found.append(os.path.relpath(os.path.join(dirpath, filename), root))
+    dirnames[:] = [d for d in dirnames if d not in PRUNED_DIRS]
+    found += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames
+              if f.endswith(".py")]
   return sorted(found)
 
 
 def python_documents(roots: Sequence[str]) -> list[DocGroup]:
-  """The usable `*.py` documents under `roots`, in a stable order.
-
-  Files that are not UTF-8 (some test fixtures) or are empty are skipped and counted; a root
-  that does not exist, holds no `*.py` file, or holds none that is usable is an error.
-  """
+  """The usable `*.py` documents under `roots`, in a stable order: empty or non-UTF-8 files are
+  skipped and counted; a root that is missing or holds no usable `*.py` file is an error."""
   docs = []
-  for root_index, root in enumerate(roots):
+  for root in roots:
     rel_paths = walk_python_files(root)
-    if not rel_paths:
-      raise DataError(f"data.roots: no *.py file under '{root}' (skipping "
-                      f"{', '.join(sorted(PRUNED_DIRS))}). Point data.roots at a directory of "
-                      "Python source.")
     not_utf8, empty, docs_before = [], 0, len(docs)
     for rel in rel_paths:
       text = read_text(os.path.join(root, rel))
@@ -152,27 +112,23 @@ def python_documents(roots: Sequence[str]) -> list[DocGroup]:
         not_utf8.append(rel)
       elif not text:
         empty += 1
-      else:
-        # Names stay root-relative so the split does not depend on where the root lives.
-        docs.append(DocGroup(name=rel, abs_path=os.path.join(root, rel), root_index=root_index))
+      else:  # a root-relative name: the split does not depend on where the root lives
+        docs.append(DocGroup(name=rel, abs_path=os.path.join(root, rel)))
     if not_utf8 or empty:
       logging.warning("python_code: under %s skipped %d non-UTF-8 file(s) %s and %d empty file(s).",
                       root, len(not_utf8), not_utf8[:3], empty)
     if len(docs) == docs_before:
-      raise DataError(f"data.roots: none of the {len(rel_paths)} *.py files under '{root}' is "
-                      f"usable ({len(not_utf8)} not UTF-8, {empty} empty). Convert them to "
-                      "UTF-8 or point data.roots elsewhere.")
+      raise DataError(f"data.roots: no usable *.py file under '{root}' ({len(rel_paths)} found "
+                      f"outside {', '.join(sorted(PRUNED_DIRS))}; {len(not_utf8)} not UTF-8, "
+                      f"{empty} empty). Point data.roots at a directory of UTF-8 Python source.")
   return docs
 
 
-# ------------------------------------------------------------------------------------------
-# text_files: plain-text and JSON-lines files.
-# ------------------------------------------------------------------------------------------
 def expand_paths(patterns: Sequence[str]) -> list[str]:
   """Absolute, sorted, de-duplicated files named by `patterns` (files or recursive globs)."""
   files = set()
   for pattern in patterns:
-    if _GLOB_CHARS & set(pattern):
+    if set("*?[") & set(pattern):
       matches = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
       if not matches:
         raise DataError(f"data.paths: the glob '{pattern}' matches no file. Check the pattern "
@@ -195,7 +151,7 @@ def text_documents(files: Sequence[str], json_key: str) -> list[DocGroup]:
   docs = []
   for path in files:
     rel = os.path.relpath(path, base)
-    if path.endswith(JSONL_SUFFIXES):
+    if path.endswith((".jsonl", ".ndjson")):
       lines = tuple(line for line, _ in iter_jsonl(path, json_key))
       if lines:
         docs.append(DocGroup(name=rel, abs_path=path, lines=lines))
@@ -210,8 +166,8 @@ def text_documents(files: Sequence[str], json_key: str) -> list[DocGroup]:
 def _text_or_raise(path: str) -> str:
   text = read_text(path)
   if text is None:
-    raise DataError(f"data.paths: '{path}' is not UTF-8 text. Convert it (e.g. `iconv -t "
-                    "UTF-8`) or leave it out of data.paths.")
+    raise DataError(f"'{path}' is not UTF-8 text. Convert it (e.g. `iconv -t UTF-8`) or leave "
+                    "it out of the corpus.")
   return text
 
 
@@ -246,17 +202,13 @@ def _jsonl_text(path: str, line_no: int, line: str, json_key: str) -> str:
 
 def read_documents(groups: Sequence[DocGroup], json_key: str, start: int = 0) -> Iterator[str]:
   """The texts of `groups` in order from document `start` on; files before it are not read
-  (files are re-read here rather than held in memory since scanning: no memory cost)."""
+  (they are read again here rather than held in memory since the scan)."""
   for group in groups:
     if start >= group.num_docs:
       start -= group.num_docs
       continue
     if group.lines is None:
-      text = read_text(group.abs_path)
-      if text is None:
-        raise DataError(f"'{group.abs_path}' stopped being UTF-8 after it was scanned; "
-                        "prepare again.")
-      yield text
+      yield _text_or_raise(group.abs_path)
     else:
       wanted = set(group.lines[start:])
       found = 0

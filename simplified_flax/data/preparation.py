@@ -1,99 +1,208 @@
-"""Tokenize a split once into shards (see `shards.py`): worker processes, progress, resume.
+"""Prepared token shards: a split tokenized once (worker processes, resumable), read back.
 
-    prepared = prepare_split(corpus, "train", tokenizer, root, shard_docs=50_000, workers=4)
+    <root>/<dataset>.<split>.<key>/     root: data.cache_dir, local or remote (etils.epath)
+        tokens-00000.npy   uint16/int32[N_i]  documents iS .. (i+1)S-1 of the split, eod-joined
+        docs-00000.npy     int64[D_i + 1]     document start offsets into tokens-00000.npy
+        manifest.json      written last: the address fields and every shard's sizes
 
-The parent reads the split's documents in order and hands every S = shard_docs of them to a
-pool of worker processes, which tokenize them and write shard i (documents iS .. (i+1)S-1).
-A killed run keeps its finished shards: the next run starts reading at the first missing one
-(a tfds split is sliced there, not re-read). Progress with an ETA goes to stderr.
+`key` hashes the corpus identity, split, tokenizer fingerprint, S and the format. Worker
+processes tokenize S documents each into one shard; every file is written under a temporary
+name and renamed, a shard is finished once its docs file (written last) exists, and only the
+manifest makes the split usable: a killed preparation never looks complete, and the next one
+resumes at the first missing shard. Local shards are memory-mapped, remote ones read whole.
 """
 import concurrent.futures
+import dataclasses
+import functools
+import hashlib
+import io
 import itertools
+import json
 import multiprocessing
+import os
+import re
+import shlex
 import sys
 import time
-from typing import Iterable, Iterator
 
+from absl import logging
 from etils import epath
+import numpy as np
 
-from simplified_flax.data import sequences
-from simplified_flax.data import shards
 from simplified_flax.data.errors import DataError
-from simplified_flax.data.shards import Address, PreparedSplit
+from simplified_flax.data.sequences import TokenizedSplit, join_documents
 from simplified_flax.data.tokenizers import Tokenizer
+from simplified_flax.storage import is_remote, write_atomically
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Address:
+  """What a prepared split is made of; `directory(root)` is where it lives."""
+  identity: str      # the corpus
+  split: str
+  tokenizer: str     # the tokenizer's fingerprint
+  shard_docs: int    # documents per shard
+
+  def as_dict(self) -> dict:
+    return {"format": FORMAT, **dataclasses.asdict(self)}
+
+  def directory(self, root: str) -> epath.Path:
+    key = hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    slugs = [re.sub(r"[^\w.-]+", "_", s).strip("_") or "_" for s in (self.identity, self.split)]
+    return epath.Path(root) / f"{slugs[0]}.{slugs[1]}.{key}"
+
+
+def _shard_paths(directory: epath.Path, index: int) -> tuple[epath.Path, epath.Path]:
+  return directory / f"tokens-{index:05d}.npy", directory / f"docs-{index:05d}.npy"
+
+
+def _load(path: epath.Path, mmap: bool = False) -> np.ndarray:
+  if mmap and not is_remote(path):
+    return np.load(os.fspath(path), mmap_mode="r")
+  return np.load(io.BytesIO(path.read_bytes()))
+
+
+def write_shard(directory: epath.Path, index: int, split: TokenizedSplit) -> None:
+  directory.mkdir(parents=True, exist_ok=True)
+  tokens_path, docs_path = _shard_paths(directory, index)
+  write_atomically(tokens_path, lambda f: np.save(f, np.asarray(split.tokens_N)))
+  # Last: the docs file marks the shard finished.
+  write_atomically(docs_path, lambda f: np.save(f, np.asarray(split.doc_starts_D1, np.int64)))
+
+
+def write_manifest(directory: epath.Path, address: Address, num_shards: int) -> None:
+  """Records every shard's sizes and makes the split usable."""
+  docs = [_load(_shard_paths(directory, index)[1]) for index in range(num_shards)]
+  manifest = {**address.as_dict(), "num_shards": num_shards,
+              "shard_num_docs": [len(d) - 1 for d in docs],
+              "shard_num_tokens": [int(d[-1]) for d in docs]}
+  write_atomically(directory / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+
+
+class PreparedSplit:
+  """A finished split: its shards as TokenizedSplits (memory-mapped when local)."""
+
+  def __init__(self, directory: epath.Path, manifest: dict):
+    self.directory = directory
+    self.num_shards: int = manifest["num_shards"]
+    self.shard_num_tokens = np.asarray(manifest["shard_num_tokens"], np.int64)
+    self.num_docs = int(sum(manifest["shard_num_docs"]))
+
+  @classmethod
+  def open(cls, root: str, address: Address) -> "PreparedSplit | None":
+    """The prepared split at `address`, or None when it is not (completely) prepared."""
+    directory = address.directory(root)
+    manifest_path = directory / MANIFEST
+    if not manifest_path.exists():
+      return None
+    try:
+      manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as e:
+      raise DataError(f"The shard manifest '{manifest_path}' is corrupt ({e.msg}). Delete "
+                      f"'{directory}' and prepare the split again.") from None
+    if {k: manifest.get(k) for k in address.as_dict()} != address.as_dict():
+      raise DataError(f"The shard manifest '{manifest_path}' describes other data than its "
+                      f"address. Delete '{directory}' and prepare the split again.")
+    return cls(directory, manifest)
+
+  def _read(self, index: int, tokens: bool) -> np.ndarray:
+    try:
+      return _load(_shard_paths(self.directory, index)[0 if tokens else 1], mmap=tokens)
+    except (OSError, ValueError) as e:
+      raise DataError(f"Shard {index} of '{self.directory}' cannot be read ({e}). Delete the "
+                      "directory and prepare the split again.") from None
+
+  @functools.lru_cache(maxsize=None)
+  def doc_starts(self, index: int) -> np.ndarray:
+    """int64[D_i + 1] of shard `index`, read without its tokens."""
+    return self._read(index, tokens=False)
+
+  @functools.lru_cache(maxsize=None)
+  def shard(self, index: int) -> TokenizedSplit:
+    split = TokenizedSplit(self._read(index, tokens=True), self.doc_starts(index))
+    if len(split.tokens_N) != self.shard_num_tokens[index]:
+      raise DataError(f"Shard {index} of '{self.directory}' has {len(split.tokens_N)} tokens, "
+                      f"its manifest {self.shard_num_tokens[index]}. Delete the directory and "
+                      "prepare the split again.")
+    return split
 
 
 def _tokenize_shard(directory: str, index: int, texts: list[str], tokenizer: Tokenizer) -> int:
   """Worker: writes shard `index`; returns its token count."""
-  split = sequences.join_flat(*tokenizer.encode_flat(texts), tokenizer.eod_id,
-                              tokenizer.vocab_size)
-  shards.write_shard(epath.Path(directory), index, split)
+  split = join_documents(*tokenizer.encode_flat(texts), tokenizer.eod_id,
+                                   tokenizer.vocab_size)
+  write_shard(epath.Path(directory), index, split)
   return len(split.tokens_N)
 
 
-def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
-  iterator = iter(texts)
-  while chunk := list(itertools.islice(iterator, size)):
-    yield chunk
-
-
 class _Progress:
-  """One status line on stderr (rewritten in place on a terminal), at most every `every` s."""
+  """One status line on stderr every 2 s at most (rewritten in place on a terminal)."""
 
-  def __init__(self, label: str, total_docs: int | None, done_docs: int, every: float = 2.0):
-    self._label, self._total, self._every = label, total_docs, every
-    self._start_docs, self.docs, self.tokens = done_docs, done_docs, 0
-    self._start = self._last = time.perf_counter()
-    self._printed_docs = None
+  def __init__(self, label: str, total_docs: int | None, done_docs: int):
+    self._label, self._total, self._first, self._printed = label, total_docs, done_docs, None
+    self.docs, self.tokens, self._start = done_docs, 0, time.perf_counter()
+    self._last = self._start
 
   def update(self, docs: int, tokens: int, final: bool = False) -> None:
-    self.docs += docs
-    self.tokens += tokens
-    now = time.perf_counter()
-    if (not final and now - self._last < self._every) or self.docs == self._printed_docs:
+    self.docs, self.tokens, now = self.docs + docs, self.tokens + tokens, time.perf_counter()
+    if (not final and now - self._last < 2.0) or self.docs == self._printed:
       return
-    self._last, self._printed_docs = now, self.docs
-    rate = (self.docs - self._start_docs) / max(now - self._start, 1e-9)
+    self._last, self._printed = now, self.docs
+    rate = (self.docs - self._first) / max(now - self._start, 1e-9)
     line = f"prepare {self._label}: {self.docs:,} documents"
     if self._total:
-      left = max(self._total - self.docs, 0)
-      eta = time.strftime("%H:%M:%S", time.gmtime(left / rate)) if rate > 0 else "?"
-      line += f" of {self._total:,} ({100 * self.docs / self._total:.0f}%), ETA {eta}"
-    line += f", {rate:,.0f} docs/s, {self.tokens:,} tokens this run"
-    end = "\n" if final or not sys.stderr.isatty() else ""
-    print(("\r" if sys.stderr.isatty() else "") + line, end=end, file=sys.stderr, flush=True)
+      eta = time.gmtime(max(self._total - self.docs, 0) / rate) if rate > 0 else None
+      line += (f" of {self._total:,} ({100 * self.docs / self._total:.0f}%), ETA "
+               f"{time.strftime('%H:%M:%S', eta) if eta else '?'}")
+    tty = sys.stderr.isatty()
+    print(("\r" if tty else "") + line + f", {rate:,.0f} docs/s, {self.tokens:,} tokens this run",
+          end="\n" if final or not tty else "", file=sys.stderr, flush=True)
 
 
 def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_docs: int,
-                  workers: int = 1) -> PreparedSplit:
-  """The prepared `split` at `root`, tokenized now where shards are missing (see module doc).
-
-  workers <= 1 tokenizes in this process; more starts that many worker processes.
-  """
+                  workers: int = 1, max_bytes: int | None = None) -> PreparedSplit:
+  """The prepared `split` at `root`, tokenized now where shards are missing (see module doc)
+  by `workers` processes (<= 1: this one). A split of more than `max_bytes` on disk is an
+  error that prints the prepare command instead."""
   if shard_docs < 1:
     raise DataError(f"data.shard_docs is {shard_docs}; it must be at least 1.")
   address = Address(corpus.identity, split, tokenizer.fingerprint, shard_docs)
+  directory = address.directory(root)
   prepared = PreparedSplit.open(root, address)
   if prepared is not None:
+    logging.info("Reading prepared %s/%s from %s.", corpus.identity, split, directory)
     return prepared
-  directory = address.directory(root)
-  done = shards.finished_shards(directory)
+  size = corpus.split_num_bytes(split) if max_bytes is not None else None
+  if size is not None and size > max_bytes:  # the command with this run's --config flags
+    flags = [a for a in sys.argv[1:] if a.startswith("--config")]
+    command = shlex.join(["python", "-m", "simplified_flax.prepare",
+                          *(flags or ["--config=configs/<your variant>.py"])])
+    raise DataError(f"The split '{split}' of '{corpus.identity}' ({size / 2**30:.1f} GiB) is not "
+                    f"prepared in '{root}'. Tokenize it once, with worker processes (resumable):"
+                    f"  {command}")
+  logging.info("Preparing %s/%s in %s (once).", corpus.identity, split, root)
+  done = 0
+  while _shard_paths(directory, done)[1].exists():  # finished shards: resume after them
+    done += 1
   progress = _Progress(f"{corpus.identity} {split}", corpus.num_documents(split),
                        done * shard_docs)
-  chunks = enumerate(_chunks(corpus.documents(split, start=done * shard_docs), shard_docs),
-                     start=done)
+  texts = corpus.documents(split, start=done * shard_docs)
+  chunks = enumerate(iter(lambda: list(itertools.islice(texts, shard_docs)), []), start=done)
   if workers <= 1:
-    for index, texts in chunks:
-      progress.update(len(texts), _tokenize_shard(str(directory), index, texts, tokenizer))
+    for index, chunk in chunks:
+      progress.update(len(chunk), _tokenize_shard(str(directory), index, chunk, tokenizer))
       done = index + 1
   else:
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
       pending = []  # (index, size, future), at most workers + 1 in flight: bounded memory
-      for index, texts in itertools.chain(chunks, [(None, None)]):
+      for index, chunk in itertools.chain(chunks, [(None, None)]):
         if index is not None:
-          pending.append((index, len(texts),
-                          pool.submit(_tokenize_shard, str(directory), index, texts, tokenizer)))
+          pending.append((index, len(chunk),
+                          pool.submit(_tokenize_shard, str(directory), index, chunk, tokenizer)))
         while pending and (index is None or len(pending) > workers):
           finished_index, size, future = pending.pop(0)
           progress.update(size, future.result())
@@ -103,5 +212,5 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
     raise DataError(f"The split '{split}' of dataset '{corpus.identity}' is empty (no document "
                     f"with text under feature '{corpus.text_key}'). Check data.name, data.text_key "
                     "and the split names.")
-  shards.write_manifest(directory, address, done)
+  write_manifest(directory, address, done)
   return PreparedSplit.open(root, address)

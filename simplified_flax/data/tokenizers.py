@@ -1,22 +1,14 @@
 """Tokenizers: byte-level, and SentencePiece trained on the corpus (or loaded from a file).
 
-Both put their special tokens first, so the same rule holds for either:
-
-    id 0 = pad, 1 = end-of-document (eod), 2 = [MASK]; ids < first_regular_id are special.
-
-* `ByteTokenizer`: ids 3..258 are the bytes 0..255 of the UTF-8 text (vocab_size 259). Any
-  text encodes; decoding replaces invalid UTF-8 with U+FFFD instead of failing.
-* `SentencePieceTokenizer`: pad 0, control pieces `<eod>` 1 and `<mask>` 2, unk 3 (never
-  produced), the 256 byte-fallback pieces, then learned pieces. Byte fallback means any text encodes
-  without unknowns; identity normalisation keeps code's whitespace, so decode(encode(s)) == s.
-
-`build_tokenizer(data_config, workdir, training_texts)` picks one from the config. A trained
+Both put their special ids first: 0 = pad, 1 = end-of-document (eod), 2 = [MASK]; ids below
+`first_regular_id` are special (MLM draws its random ids above it), and `fingerprint` changes
+whenever the ids of any text would. `build_tokenizer` picks one from the config; a trained
 SentencePiece model is saved as `<workdir>/tokenizer.model` and reused on resume.
 """
 import hashlib
 import io
 import os
-from typing import Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from absl import logging
 import numpy as np
@@ -29,22 +21,8 @@ PAD_ID, EOD_ID, MASK_ID = 0, 1, 2
 TOKENIZER_FILENAME = "tokenizer.model"
 
 
-class Tokenizer(Protocol):
-  vocab_size: int        # including the special tokens
-  pad_id: int
-  eod_id: int
-  mask_id: int
-  first_regular_id: int  # ids below this are special; MLM draws random ids above it
-  fingerprint: str       # changes whenever the id of any text would change
-
-  def encode(self, text: str) -> list[int]: ...
-  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
-  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]: ...
-  def decode(self, ids: Iterable[int]) -> str: ...
-
-
 class ByteTokenizer:
-  """UTF-8 bytes shifted past the three special ids."""
+  """The UTF-8 bytes 0..255 as ids 3..258; decoding replaces invalid UTF-8 with U+FFFD."""
   pad_id, eod_id, mask_id = PAD_ID, EOD_ID, MASK_ID
   first_regular_id = 3
   vocab_size = 256 + first_regular_id
@@ -55,11 +33,7 @@ class ByteTokenizer:
 
   def encode_array(self, text: str) -> np.ndarray:
     """int32[n] ids of the UTF-8 bytes of `text`."""
-    bytes_n = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-    return bytes_n.astype(np.int32) + self.first_regular_id
-
-  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-    return [self.encode_array(t) for t in texts]
+    return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32) + self.first_regular_id
 
   def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """(int32[M] ids of all texts back to back, int64[D] their lengths): one numpy pass."""
@@ -76,12 +50,13 @@ class ByteTokenizer:
 
 
 class SentencePieceTokenizer:
-  """A SentencePiece model laid out as in the module docstring (see `train_sentencepiece`)."""
+  """pad 0, control pieces <eod> 1 and <mask> 2, unk 3 (never produced: byte fallback), the
+  256 byte pieces, then learned ones (`train_sentencepiece`); decode(encode(s)) == s."""
   pad_id, eod_id, mask_id = PAD_ID, EOD_ID, MASK_ID
+  first_regular_id = 4  # pad, eod, mask, unk
 
   def __init__(self, model_proto: bytes, origin: str = "<in memory>"):
-    # Imported here: a run on the default byte tokenizer never loads sentencepiece.
-    import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+    import sentencepiece as spm  # pylint: disable=import-outside-toplevel  (only when used)
     self._sp = spm.SentencePieceProcessor()
     try:
       self._sp.LoadFromSerializedProto(model_proto)
@@ -96,25 +71,27 @@ class SentencePieceTokenizer:
       raise DataError(f"The SentencePiece model '{origin}' lays out its special pieces as "
                       f"{found}, but this code needs {expected}. Train it with "
                       "`train_sentencepiece`, or delete it to train a new one.")
-    self.first_regular_id = 4  # pad, eod, mask, unk
-    self.model_proto = model_proto
+    self.model_proto, self._origin = model_proto, origin
     self.fingerprint = "spm-" + hashlib.sha256(model_proto).hexdigest()[:16]
-    self._origin = origin
 
-  def __reduce__(self):
-    # Picklable (worker processes tokenize shards): the processor is rebuilt from the proto.
+  @classmethod
+  def load(cls, path) -> "SentencePieceTokenizer":
+    try:
+      return cls(epath.Path(path).read_bytes(), os.fspath(path))
+    except OSError as e:
+      reason = getattr(e, "strerror", None) or e
+      raise DataError(f"The SentencePiece model '{path}' cannot be read ({reason}). Check "
+                      "data.spm_model_path.") from None
+
+  def __reduce__(self):  # picklable for the worker processes: rebuilt from the proto
     return (SentencePieceTokenizer, (self.model_proto, self._origin))
 
   def encode(self, text: str) -> list[int]:
     return self._sp.EncodeAsIds(text)
 
-  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-    ids = self._sp.Encode(list(texts), num_threads=os.cpu_count() or 1)
-    return [np.asarray(x, dtype=np.int32) for x in ids]
-
   def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(int32[M] ids of all texts back to back, int64[D] their lengths)."""
-    docs = self.encode_batch(texts)
+    docs = [np.asarray(d, np.int32)
+            for d in self._sp.Encode(list(texts), num_threads=os.cpu_count() or 1)]
     lengths_D = np.array([len(d) for d in docs], np.int64)
     return (np.concatenate(docs) if docs else np.zeros(0, np.int32)), lengths_D
 
@@ -123,33 +100,26 @@ class SentencePieceTokenizer:
     return self._sp.DecodeIds([int(i) for i in ids if 0 <= int(i) < self.vocab_size])
 
 
-def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, max_chars: int) -> bytes:
-  """A serialised SentencePiece model trained on the first `max_chars` characters of `texts`.
+Tokenizer = ByteTokenizer | SentencePieceTokenizer
 
-  Training reads lines (SentencePiece skips "sentences" longer than max_sentence_length, and
-  source files are far longer); newlines then fall back to their byte piece.
-  """
+
+def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, max_chars: int) -> bytes:
+  """A serialised SentencePiece model trained on the first `max_chars` characters of `texts`,
+  line by line (SentencePiece skips "sentences" longer than max_sentence_length, and source
+  files are far longer); newlines then fall back to their byte piece."""
   import sentencepiece as spm  # pylint: disable=import-outside-toplevel
   writer = io.BytesIO()
   try:
     spm.SentencePieceTrainer.Train(
-        sentence_iterator=_training_lines(texts, max_chars),
-        model_writer=writer,
-        vocab_size=vocab_size,
-        model_type="unigram",
+        sentence_iterator=_training_lines(texts, max_chars), model_writer=writer,
+        vocab_size=vocab_size, model_type="unigram",
         byte_fallback=True,                 # any text encodes; no <unk> ever appears
-        pad_id=PAD_ID, unk_id=3, bos_id=-1, eos_id=-1,
-        control_symbols=["<eod>", "<mask>"],
+        pad_id=PAD_ID, unk_id=3, bos_id=-1, eos_id=-1, control_symbols=["<eod>", "<mask>"],
         normalization_rule_name="identity",  # keep code's whitespace and characters as they are
-        remove_extra_whitespaces=False,
-        add_dummy_prefix=False,
+        remove_extra_whitespaces=False, add_dummy_prefix=False,
         allow_whitespace_only_pieces=True,   # indentation runs become single pieces
-        split_digits=True,
-        character_coverage=0.9995,
-        max_sentence_length=1 << 16,
-        num_threads=os.cpu_count() or 1,
-        minloglevel=2,
-    )
+        split_digits=True, character_coverage=0.9995, max_sentence_length=1 << 16,
+        num_threads=os.cpu_count() or 1, minloglevel=2)
   except RuntimeError as e:
     raise DataError(f"SentencePiece training failed ({e}). data.spm_vocab_size must exceed the "
                     "256 byte pieces plus the distinct characters, and a small corpus only "
@@ -170,22 +140,19 @@ def _training_lines(texts: Iterable[str], max_chars: int) -> Iterator[str]:
 
 def build_tokenizer(data_config, workdir: str | None,
                     training_texts: Callable[[], Iterable[str]]) -> Tokenizer:
-  """The tokenizer that `data_config.tokenizer` names.
-
-  SentencePiece, in order: `spm_model_path` if set; else `<workdir>/tokenizer.model` if it
-  exists (a resumed run keeps its ids); else train on `training_texts()` and save there.
-  """
+  """The tokenizer `data_config.tokenizer` names. SentencePiece, in order: `spm_model_path` if
+  set; else `<workdir>/tokenizer.model` if it exists (a resumed run keeps its ids); else one
+  trained on `training_texts()` and saved there."""
   kind = data_config.tokenizer
   if kind == "byte":
     return ByteTokenizer()
   if kind != "sentencepiece":
     raise DataError(f"data.tokenizer is '{kind}'; use 'byte' or 'sentencepiece'.")
   if data_config.spm_model_path:
-    return SentencePieceTokenizer(_read_model(data_config.spm_model_path),
-                                  data_config.spm_model_path)
+    return SentencePieceTokenizer.load(data_config.spm_model_path)
   path = epath.Path(workdir) / TOKENIZER_FILENAME if workdir else None
   if path and path.exists():
-    tokenizer = SentencePieceTokenizer(_read_model(path), os.fspath(path))
+    tokenizer = SentencePieceTokenizer.load(path)
     if tokenizer.vocab_size != data_config.spm_vocab_size:
       raise DataError(f"'{path}' has {tokenizer.vocab_size} pieces but data.spm_vocab_size is "
                       f"{data_config.spm_vocab_size}. Use the workdir's tokenizer (set "
@@ -198,15 +165,6 @@ def build_tokenizer(data_config, workdir: str | None,
                               max_chars=data_config.spm_train_chars)
   if path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Whole or not at all: a resumed run trusts this file.
-    write_atomically(path, lambda f: f.write(proto))
+    write_atomically(path, lambda f: f.write(proto))  # whole or not at all: a resume trusts it
   return SentencePieceTokenizer(proto, os.fspath(path) if path else "<trained in memory>")
 
-
-def _read_model(path) -> bytes:
-  try:
-    return epath.Path(path).read_bytes()
-  except OSError as e:
-    reason = getattr(e, "strerror", None) or str(e)
-    raise DataError(f"The SentencePiece model '{path}' cannot be read ({reason}). Check "
-                    "data.spm_model_path.") from None
