@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from test_train_loop import REPO, subprocess_env
+from test_loop import REPO, subprocess_env
 
 SCRIPT = REPO / "experiments" / "accelerator_check.py"
 

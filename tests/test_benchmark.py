@@ -9,7 +9,7 @@ import pytest
 
 from conftest import TINY_MODEL, tiny_config
 from simplified_flax.model import transformer
-from test_train_loop import REPO
+from test_loop import REPO
 
 sys.path.insert(0, str(REPO))
 from experiments import benchmark  # pylint: disable=wrong-import-position

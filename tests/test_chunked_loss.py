@@ -18,7 +18,7 @@ from simplified_flax.model import parameters
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training import chunked_loss
 from simplified_flax.training import losses
-from simplified_flax.training import step as train_step
+from simplified_flax.training import step
 
 TOLERANCE = {"float32": {"loss": 1e-5, "grad": 1e-5}, "bfloat16": {"loss": 1e-3, "grad": 1e-2}}
 
@@ -84,13 +84,13 @@ def test_training_and_evaluation_losses_equal_the_full_logits_loss(variant, dtyp
   results = {}
   for chunk in (128, 0):
     config = _config(variant, dtype, loss_vocab_chunk_size=chunk)
-    state = train_step.create_train_state(config, jax.random.PRNGKey(0))
+    state = step.create_train_state(config, jax.random.PRNGKey(0))
     assert (state.spec.head is None) == (chunk == 0)
     batch = _batch(config.model.kind, np.random.default_rng(0))
-    loss_fn = lambda p, s=state: train_step._loss_sums(  # pylint: disable=protected-access
+    loss_fn = lambda p, s=state: step._loss_sums(  # pylint: disable=protected-access
         s, p, batch, train=True, key=jax.random.PRNGKey(1))["loss_sum"]
     results[chunk] = (jax.jit(jax.grad(loss_fn))(state.params),
-                      jax.jit(train_step.eval_step)(state, batch))
+                      jax.jit(step.eval_step)(state, batch))
   (grads, sums), (want_grads, want_sums) = results[128], results[0]
   assert float(sums["weight_sum"]) == float(want_sums["weight_sum"]) > 0
   assert _rel(sums["loss_sum"], want_sums["loss_sum"]) < TOLERANCE[dtype]["loss"]

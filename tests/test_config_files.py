@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from simplified_flax import config_files
-from test_train_loop import REPO, TINY, subprocess_env, write_corpus
+from test_loop import REPO, TINY, subprocess_env, write_corpus
 
 RUN = {**TINY, "num_train_steps": 20, "log_every_steps": 5, "checkpoint_every_steps": 10,
        "eval_every_steps": 10}

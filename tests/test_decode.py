@@ -8,7 +8,7 @@ import pytest
 from conftest import DECODER_VARIANTS, tiny_config
 from simplified_flax.model import attention
 from simplified_flax.model import decode
-from simplified_flax.model import transformer as models
+from simplified_flax.model import transformer
 
 V = 61
 SEQ_LENGTHS = (16, 11, 7)      # one batch, three sequences of different lengths
@@ -21,7 +21,7 @@ def sequences():
 
 
 def build(variant, impl="explicit"):
-  model = models.build_model(tiny_config(variant, attention_impl=impl).model)
+  model = transformer.build_model(tiny_config(variant, attention_impl=impl).model)
   variables = model.init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))
   # Zero-initialised weights (SAS queries, reparameterised values) would hide position bugs.
   rng = np.random.default_rng(0)
@@ -89,7 +89,7 @@ def _count_decode_traces():
   calls = []
 
   def intercept(next_fun, args, kwargs, context):
-    if context.method_name == "__call__" and isinstance(context.module, models.Transformer):
+    if context.method_name == "__call__" and isinstance(context.module, transformer.Transformer):
       calls.append(kwargs.get("decode", False))
     return next_fun(*args, **kwargs)
   return calls, intercept

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from test_train_loop import REPO, subprocess_env, write_corpus
+from test_loop import REPO, subprocess_env, write_corpus
 
 sys.path.insert(0, str(REPO))
 from experiments import baseline_comparison, depth_scaling, report_lib, throughput  # pylint: disable=wrong-import-position

@@ -4,7 +4,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from test_train_loop import REPO
+from test_loop import REPO
 
 sys.path.insert(0, str(REPO))
 from experiments import hlo_costs  # pylint: disable=wrong-import-position

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from test_train_loop import REPO, subprocess_env
+from test_loop import REPO, subprocess_env
 
 CHILD = textwrap.dedent('''
     import sys

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from conftest import TINY_MODEL
-from test_train_loop import REPO
+from test_loop import REPO
 
 sys.path.insert(0, str(REPO))
 from experiments import benchmark  # pylint: disable=wrong-import-position

@@ -12,7 +12,7 @@ import pytest
 
 from simplified_flax.runs import workdir_lock
 from simplified_flax.runs.workdir_lock import WorkdirLock, WorkdirLockedError
-from test_train_loop import (REPO, TINY, log_tail, start_training, subprocess_env, train_rows,
+from test_loop import (REPO, TINY, log_tail, start_training, subprocess_env, train_rows,
                              wait_for_rows, write_corpus)
 
 

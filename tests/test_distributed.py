@@ -8,7 +8,7 @@ import socket
 import numpy as np
 import pytest
 
-from test_train_loop import (TINY, log_tail, make_config, start_training, subprocess_env,
+from test_loop import (TINY, log_tail, make_config, start_training, subprocess_env,
                              train_rows, wait_for_rows, write_corpus)
 from simplified_flax.train import train_and_evaluate
 

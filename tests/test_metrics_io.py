@@ -8,7 +8,7 @@ import pytest
 from simplified_flax.runs import metrics_io
 from simplified_flax.runs import resume
 from simplified_flax.train import train_and_evaluate
-from test_train_loop import TINY, make_config, train_rows, write_corpus
+from test_loop import TINY, make_config, train_rows, write_corpus
 
 
 def test_tensorboard_groups_the_loops_tags_and_shows_the_config_as_text(tmp_path):

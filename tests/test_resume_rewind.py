@@ -12,7 +12,7 @@ from simplified_flax.runs import checkpoints
 from simplified_flax.runs import metrics_io
 from simplified_flax.runs import resume
 from simplified_flax.train import NonFiniteLossError, train_and_evaluate
-from test_train_loop import TINY, make_config, train_rows, write_corpus
+from test_loop import TINY, make_config, train_rows, write_corpus
 
 
 def _tensorboard_steps(workdir) -> collections.Counter:

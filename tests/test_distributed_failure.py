@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from test_parallel_multiprocess import _start_two_processes
-from test_train_loop import TINY, log_tail, subprocess_env, wait_for_rows, write_corpus
+from test_distributed import _start_two_processes
+from test_loop import TINY, log_tail, subprocess_env, wait_for_rows, write_corpus
 
 pytestmark = pytest.mark.slow
 

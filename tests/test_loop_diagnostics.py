@@ -9,7 +9,7 @@ from conftest import tiny_config
 from simplified_flax.training import loop
 from simplified_flax.runs import metrics_io
 from simplified_flax.train import create_train_state, diagnostics_step
-from test_train_loop import TINY, make_config, write_corpus
+from test_loop import TINY, make_config, write_corpus
 
 
 @pytest.fixture(scope="module")

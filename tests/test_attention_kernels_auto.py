@@ -11,7 +11,7 @@ import pytest
 
 from conftest import tiny_config
 from simplified_flax.model import attention_kernels
-from simplified_flax.model import transformer as models
+from simplified_flax.model import transformer
 
 T = attention_kernels.SPLASH_BLOCK   # the splash kernel's smallest sequence
 
@@ -42,9 +42,9 @@ def fixture_on_tpu_kernels(monkeypatch):
 def test_auto_on_the_kernel_path_equals_explicit(on_tpu_kernels, variant):
   del on_tpu_kernels
   toks = jax.random.randint(jax.random.key(1), (2, T), 0, 61)
-  model_explicit = models.build_model(tiny_config(variant, attention_impl="explicit",
+  model_explicit = transformer.build_model(tiny_config(variant, attention_impl="explicit",
                                                   context_length=T).model)
-  model_auto = models.build_model(tiny_config(variant, context_length=T).model)
+  model_auto = transformer.build_model(tiny_config(variant, context_length=T).model)
   assert model_auto.cfg.attention_impl == "auto"   # the default
   variables = model_explicit.init(jax.random.key(0), toks)
 

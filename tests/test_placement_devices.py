@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from test_train_loop import REPO, TINY, subprocess_env, write_corpus
+from test_loop import REPO, TINY, subprocess_env, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -16,8 +16,8 @@ STEPS = 5
 SCRIPT = r"""
 import json, shutil, sys
 import jax
-from test_train_loop import make_config
-from simplified_flax.training import placement as parallel
+from test_loop import make_config
+from simplified_flax.training import placement
 from simplified_flax.data import build_pipeline
 from simplified_flax.train import create_train_state, train_and_evaluate, train_step
 
@@ -41,7 +41,7 @@ def losses(workdir):
           [r["eval_loss"] for r in rows if "eval_loss" in r])
 
 for name, mode, fsdp in (("jit", "jit", 1), ("pmap", "pmap", 1), ("fsdp", "jit", 2)):
-  run = make_config({**overrides, "parallel.mode": mode, "parallel.fsdp": fsdp})
+  run = make_config({**overrides, "placement.mode": mode, "placement.fsdp": fsdp})
   train_and_evaluate(run, f"{root}/{name}", pipeline=pipeline, tensorboard=False)
   out[name], out[name + "_eval"] = losses(f"{root}/{name}")
   if name != "jit":   # restore in this mode: drop the last checkpoint, resume from step 3
@@ -49,7 +49,7 @@ for name, mode, fsdp in (("jit", "jit", 1), ("pmap", "pmap", 1), ("fsdp", "jit",
     train_and_evaluate(run, f"{root}/{name}", pipeline=pipeline, tensorboard=False)
     out[name + "_resumed"] = losses(f"{root}/{name}")[0]
 
-sharded = create_train_state(config, jax.random.PRNGKey(0), mesh=parallel.make_mesh(fsdp=2))
+sharded = create_train_state(config, jax.random.PRNGKey(0), mesh=placement.make_mesh(fsdp=2))
 out["fsdp_kernel_spec"] = str(sharded.params["h_0"]["mlp"]["c_fc"]["kernel"].sharding.spec)
 out["fsdp_bias_spec"] = str(sharded.params["h_0"]["attn"]["c_attn"]["bias"].sharding.spec)
 print("RESULT " + json.dumps(out))

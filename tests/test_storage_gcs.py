@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from test_train_loop import REPO, TINY, cli_args, subprocess_env, write_corpus
+from test_loop import REPO, TINY, cli_args, subprocess_env, write_corpus
 
 pytestmark = pytest.mark.slow
 

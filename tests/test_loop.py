@@ -30,7 +30,7 @@ TINY = {"model.n_layer": 2, "model.n_embd": 32, "model.n_head": 2, "model.contex
 
 
 # ------------------------------------------------------------------------------------------
-# Helpers shared with test_train_resume.py and test_parallel_*.py.
+# Helpers shared with test_resume.py and test_placement*.py and test_distributed*.py.
 # ------------------------------------------------------------------------------------------
 def write_corpus(root: pathlib.Path) -> dict:
   """A small deterministic text corpus; returns the data overrides that train on it."""
@@ -198,7 +198,7 @@ def test_evaluate_cli_prints_the_final_eval_loss(trained):
 def test_muon_run_resumes_exactly(tmp_path, data):
   """Rewound to its step-2 checkpoint and trained on, a Muon run ends bit for bit where it
   did straight: parameters, Muon momentum and Adam moments (the AdamW run's resume is
-  test_train_resume.py's)."""
+  test_resume.py's)."""
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
   run = {"optimizer.name": "muon", "num_train_steps": 4, "checkpoint_every_steps": 2}
   final = lambda: ocp.StandardCheckpointer().restore(

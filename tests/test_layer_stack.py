@@ -12,7 +12,7 @@ import pytest
 from conftest import tiny_config
 from simplified_flax.model import decode
 from simplified_flax.model import layer_stack
-from simplified_flax.model import transformer as models
+from simplified_flax.model import transformer
 from simplified_flax.runs import checkpoints
 from simplified_flax.training import diagnostics
 
@@ -27,7 +27,7 @@ TOKENS_BT = jax.random.randint(jax.random.key(1), (2, 16), 0, 61)
 ])
 def test_the_scan_runs_the_layers_that_share_their_structure(variant, names):
   config = tiny_config(variant, n_layer=18, scan_layers=True)
-  model = models.build_model(config.model)
+  model = transformer.build_model(config.model)
   shapes = jax.eval_shape(model.init, jax.random.key(0), TOKENS_BT)["params"]
   assert [k for k in shapes if k.startswith("h_")] == names
   stacked = shapes[names[-1]]["attn"]["c_attn"]["kernel"]
@@ -38,7 +38,7 @@ def test_the_scan_runs_the_layers_that_share_their_structure(variant, names):
 
 
 def _models(variant, **overrides):
-  unrolled = models.build_model(tiny_config(variant, n_layer=L).model)
+  unrolled = transformer.build_model(tiny_config(variant, n_layer=L).model)
   scanned_config = tiny_config(variant, n_layer=L, scan_layers=True, **overrides).model
   variables = unrolled.init(jax.random.key(0), TOKENS_BT)
   # Zero-initialised weights (SAS queries) would hide a layer mix-up.
@@ -46,7 +46,7 @@ def _models(variant, **overrides):
   variables = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape, np.float32),
                            variables)
   scanned_params = layer_stack.stack_layers(variables["params"], scanned_config)
-  return unrolled, models.build_model(scanned_config), variables, scanned_params
+  return unrolled, transformer.build_model(scanned_config), variables, scanned_params
 
 
 def _loss(model, variables, params):

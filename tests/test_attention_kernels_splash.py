@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from simplified_flax.model import attention_kernels
-from test_train_loop import REPO, subprocess_env
+from test_loop import REPO, subprocess_env
 
 SCRIPT = r"""
 import functools, json

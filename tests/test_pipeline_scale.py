@@ -10,13 +10,13 @@ import pytest
 import configs
 from simplified_flax import prepare
 from simplified_flax.data import build_pipeline
-from test_train_loop import TINY, kill_and_resume, subprocess_env, train_rows
+from test_loop import TINY, kill_and_resume, subprocess_env, train_rows
 
 pytestmark = pytest.mark.slow
 
 NUM_DOCS = 1_000_000
 STEPS = 40
-# As in test_train_resume.py: big enough that a step takes milliseconds, so SIGKILL lands
+# As in test_resume.py: big enough that a step takes milliseconds, so SIGKILL lands
 # mid-run, after the step-20 checkpoint.
 RUN = {**TINY, "model.n_embd": 128, "model.context_length": 64, "batch_size": 16,
        "data.packing": True, "num_train_steps": STEPS, "checkpoint_every_steps": 10,

@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from test_train_loop import (TINY, kill_and_resume, log_tail, start_training, subprocess_env,
+from test_loop import (TINY, kill_and_resume, log_tail, start_training, subprocess_env,
                              train_rows, wait_for_rows, write_corpus)
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from simplified_flax.runs.config_checks import ConfigError
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs.nonfinite import NonFiniteLossError
 from simplified_flax.runs.workdir_lock import WorkdirLockedError
-from test_train_loop import REPO, subprocess_env
+from test_loop import REPO, subprocess_env
 
 
 def _train(workdir, *args):
