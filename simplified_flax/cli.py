@@ -81,15 +81,6 @@ def _drop_closed_loop_reports() -> None:
   sys.excepthook, sys.unraisablehook = hook, unraisable_hook
 
 
-def with_flag(overrides: dict, field: str, flag_value) -> dict:
-  """`overrides` with a dedicated flag folded into the config field it stands for (e.g. the
-  benchmark's `--batch_size`): never a silent winner, a disagreement is a usage error."""
-  if flag_value is not None and overrides.get(field, flag_value) != flag_value:
-    raise app.UsageError(f"--{field}={flag_value} and --config.{field}={overrides[field]} "
-                         "disagree: give one of them.", exitcode=USAGE_ERROR)
-  return overrides if flag_value is None else dict(overrides, **{field: flag_value})
-
-
 def exit_on_sigterm() -> None:
   """Until the training loop installs its own handler, SIGTERM exits 0 with one line (nothing
   to save before the first step); entry points call this before their slow imports."""

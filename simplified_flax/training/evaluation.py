@@ -1,5 +1,5 @@
-"""Evaluation of a state and read-only access to a training run's workdir (its saved config and
-checkpoints), safe while the run is still writing there."""
+"""Evaluation of a state, and read-only access to a training run's workdir (its saved config,
+tokenizer and checkpoints), safe while the run is still writing there."""
 import dataclasses
 import json
 import math
@@ -10,6 +10,7 @@ import jax
 import ml_collections
 
 from simplified_flax.config_files import CONFIG_FILE
+from simplified_flax.data.errors import DataError
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import config_checks
 from simplified_flax.training import losses
@@ -47,14 +48,21 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
+def load_tokenizer(config, workdir: str):
+  """The run's tokenizer: byte, or the SentencePiece model the run saved (never trains one)."""
+  from simplified_flax.data import tokenizers  # pylint: disable=import-outside-toplevel
+
+  def no_training_texts():
+    raise DataError(f"{workdir} holds no {tokenizers.TOKENIZER_FILENAME} and data.spm_model_path "
+                    "is unset: use the tokenizer the run was trained with.")
+  return tokenizers.build_tokenizer(config.data, workdir, no_training_texts)
+
+
 def restore_read_only(workdir: str, config, target=None, step: int | None = None):
   """checkpoints.Restored: the newest intact checkpoint of `workdir` (or `step`), read without
-  creating, cleaning up or moving anything (the run may still be training).
-
-  `config` is the run's config (`load_config`), whose parameter shapes must match the saved
-  ones; `target` gives the state's shardings (default: this process's first device). Raises
-  FileNotFoundError without a checkpoint, CheckpointError when none reads back intact.
-  """
+  creating, cleaning up or moving anything. `config` (`load_config`) must have the saved
+  parameter shapes (else IncompatibleCheckpointError); `target` gives the shardings (default:
+  this process's first device). Raises FileNotFoundError without a checkpoint."""
   if target is None:
     abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
     target = first_device_target(abstract)
