@@ -1,4 +1,4 @@
-"""Sample from a trained decoder: the command line and the library calls behind it (README,
+"""Sample from a trained decoder: the command line and the library call behind it (README,
 "Sampling").
 
     python -m simplified_flax.sample --workdir=DIR --prompt='def fib(n):' \\

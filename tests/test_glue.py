@@ -74,7 +74,7 @@ def test_batches_cover_every_example_once_and_weight_padding_zero():
   split = tasks.encode_examples(TOK, tasks.get_task("sst2"),
                                {"sentence": [str(i) for i in range(5)]}, [0, 1, 0, 1, 1], 4)
   got = list(tasks.batches(split, 2, rng=np.random.default_rng(0)))
-  assert len(got) == tasks.num_batches(5, 2) == 3
+  assert len(got) == 3
   assert all(b["inputs"].shape == (2, 4) for b in got)
   np.testing.assert_array_equal(np.concatenate([b["weights"] for b in got]), [1, 1, 1, 1, 1, 0])
   real = np.concatenate([b["inputs"][b["weights"] > 0, 0] for b in got])

@@ -72,8 +72,8 @@ def predictions_B(outputs_BO: jax.Array, regression: bool) -> jax.Array:
 
 
 def with_pretrained_encoder(state, pretrained):
-  """`state` (of a Classifier) with its encoder's params and constants those of `pretrained`
-  (the state of a pretraining run), and a fresh optimiser state."""
+  """`state` (of a Classifier) with the encoder's params and constants of `pretrained` (a
+  pretraining run's state), and a fresh optimiser state."""
   params = {**state.params, "encoder": pretrained.params}
   constants = {name: {**tree, "encoder": pretrained.constants[name]}
                for name, tree in state.constants.items()}

@@ -1,10 +1,10 @@
 """GLUE fine-tuning of a pretrained encoder, one task per run: the recipe (`finetune_defaults`),
-the task loss that training/step.py's train step minimises, and the loop `finetune`. The
-command line, what it writes and the recipe in words: `python -m simplified_flax.finetune`.
+the task loss that training/step.py's train step minimises, and the loop `finetune`.
 """
 import copy
 import functools
 import json
+import math
 import os
 
 from absl import logging
@@ -53,7 +53,7 @@ def finetune_config(pretrain_config, ft, num_train_examples: int) -> ml_collecti
   c.seed = ft.seed
   c.batch_size = ft.batch_size
   c.grad_accum_steps = 1
-  c.num_train_steps = ft.epochs * tasks.num_batches(num_train_examples, ft.batch_size)
+  c.num_train_steps = ft.epochs * math.ceil(num_train_examples / ft.batch_size)
   c.model.dropout_rate = ft.dropout_rate
   c.model.context_length = ft.seq_len or pretrain_config.model.context_length
   o = c.optimizer
@@ -90,8 +90,8 @@ def _pretrain_config(pretrained_workdir: str, config):
   if pretrain_config.model.vocab_size is None:
     pretrain_config.model.vocab_size = saved.model.vocab_size
   if pretrain_config.model.kind != "encoder":
-    raise ValueError(f"model.kind={pretrain_config.model.kind!r}: GLUE fine-tuning needs an "
-                     f"encoder (a configs/bert_*.py run).")
+    raise config_checks.ConfigError(f"model.kind={pretrain_config.model.kind!r}: GLUE "
+                                    "fine-tuning needs an encoder (a configs/bert_*.py run).")
   return pretrain_config
 
 
@@ -99,10 +99,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
              config=None, ft=None, tensorboard: bool = False) -> dict:
   """Fine-tunes the latest checkpoint of `pretrained_workdir` on a GLUE task; returns (and
   writes to `workdir/result.json`) {"task", "score", "metrics", "pretrained_step", ...}.
-
-  `config` defaults to the run's `config.json`, `ft` to `finetune_defaults()`. A NaN or
-  infinite loss stops the run with NonFiniteLossError.
-  """
+  `config` defaults to the run's `config.json`, `ft` to `finetune_defaults()`."""
   task = tasks.get_task(task_name)
   ft = ft if ft is not None else finetune_defaults()
   config_checks.validate_finetune_config(ft, config)   # before the output folder is created
@@ -170,7 +167,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
 
 def _flush(pending: list[tuple[int, dict]], writer) -> list:
   """Checks the pending steps' metrics and writes one row at the last of them (mean loss, last
-  grad norm and learning rate); returns an empty list."""
+  grad norm and learning rate); returns []."""
   if not pending:
     return []
   pending = [(s, jax.device_get(m)) for s, m in pending]

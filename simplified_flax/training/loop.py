@@ -19,8 +19,8 @@ from simplified_flax.runs import resume
 from simplified_flax.runs import stop_request
 from simplified_flax.runs import workdir_lock
 from simplified_flax.runs.nonfinite import NonFiniteLossError
-from simplified_flax.training.evaluation import run_eval
-from simplified_flax.training.placement import Placement, primary_first
+from simplified_flax.training.evaluation import input_pipeline, run_eval
+from simplified_flax.training.placement import Placement
 from simplified_flax.model.parameters import size
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training.step import (TrainState, create_train_state, diagnostics_step,
@@ -70,7 +70,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
 
 def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> TrainState:
   """`train_and_evaluate` once the config is checked and the workdir is locked."""
-  pipeline = _input_pipeline(config, workdir, pipeline)   # sets a None vocab_size
+  pipeline = input_pipeline(config, workdir, pipeline)   # sets a None vocab_size
   config_dict = config.to_dict()
 
   # Mesh and model state; resume from the latest good checkpoint (or rewind to restore_step).
@@ -143,17 +143,6 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   finally:
     _close(feeder, iterator, manager, writer, stop)
   return state
-
-
-def _input_pipeline(config, workdir: str, pipeline):
-  """`pipeline`, or the config's own (built on process 0 first); sets a None
-  `config.model.vocab_size` from its tokenizer."""
-  if pipeline is None:
-    from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
-    pipeline = primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
-  if config.model.vocab_size is None:
-    config.model.vocab_size = pipeline.tokenizer.vocab_size
-  return pipeline
 
 
 class _PendingMetrics:
