@@ -16,8 +16,6 @@ import optax
 
 from simplified_flax.runs.config_checks import OPTIMIZERS, SCHEDULES
 
-DECAYED_LEAVES = ("kernel", "embedding")
-UNDECAYED_LEAVES = ("scale", "bias")
 GAIN_SUFFIX = "_gain"   # trainable gains: never decayed, logged by diagnostics.gain_metrics
 
 
@@ -64,9 +62,9 @@ def leaf_names(path) -> tuple[str, ...]:
 def leaf_gets_decay(path: tuple[str, ...]) -> bool:
   """Whether the parameter at `path` (module names..., leaf name) is weight-decayed: kernels
   and embeddings are, norm scales/biases and gains not; another leaf name is an error."""
-  if path[-1] in DECAYED_LEAVES:
+  if path[-1] in ("kernel", "embedding"):
     return True
-  if path[-1] in UNDECAYED_LEAVES or path[-1].endswith(GAIN_SUFFIX):
+  if path[-1] in ("scale", "bias") or path[-1].endswith(GAIN_SUFFIX):
     return False
   raise ValueError(
       f"Parameter {'/'.join(path)!r} has a leaf name the weight-decay mask does not know: "
