@@ -37,6 +37,7 @@ from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -58,6 +59,15 @@ NOMINAL_PEAKS = {
     "TPU v6 lite": (918e12, 918e12), "A100": (312e12, 156e12), "H100": (989e12, 494e12),
     "H200": (989e12, 494e12), "L4": (121e12, 60e12),
 }
+
+
+def with_flag(overrides: dict, field: str, flag_value) -> dict:
+  """`overrides` with a dedicated flag folded into the config field it stands for (e.g.
+  `--batch_size`): never a silent winner, a disagreement is a usage error."""
+  if flag_value is not None and overrides.get(field, flag_value) != flag_value:
+    raise app.UsageError(f"--{field}={flag_value} and --config.{field}={overrides[field]} "
+                         "disagree: give one of them.", exitcode=cli.USAGE_ERROR)
+  return overrides if flag_value is None else dict(overrides, **{field: flag_value})
 
 
 def load_config(spec: str, overrides: Dict[str, Any]):
@@ -265,8 +275,8 @@ def main(argv, flag):
   if flag["xla_flags"].value:   # read when the first computation starts the backend
     extra = flag["xla_flags"].value
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {extra}".strip()
-  overrides = cli.with_flag(dict(config_flags.get_override_values(flags.FLAGS["config"])),
-                            "batch_size", flag["batch_size"].value)
+  overrides = with_flag(dict(config_flags.get_override_values(flags.FLAGS["config"])),
+                        "batch_size", flag["batch_size"].value)
   runners = [Runner(spec, load_config(spec, overrides)) for spec in flag["configs"].value]
   rounds, steps = flag["rounds"].value, flag["steps"].value
   results = measure(runners, rounds, steps, flag["matmul_size"].value)

@@ -1,11 +1,10 @@
 """What every command-line entry point shares: flag parsing, start-up, and one-line errors.
 
-An entry point ends with `cli.run(main, "simplified_flax.train")` instead of `app.run(main)`.
-An error of the user's input then prints `<program>: error: <what, where, the fix>` on stderr
-without a traceback (`--verbose` adds it) and exits 2 (usage: a bad flag or config value, an
-unknown config field) or 1 (data, workdir, checkpoints, a locked workdir, a full disk, a
-non-finite loss, a lost process); anything else is a bug and keeps its traceback. SIGTERM
-before the training loop takes over the signal exits 0 (README, "Errors and exit statuses").
+An entry point ends with `cli.run(main, "simplified_flax.train")` instead of `app.run(main)`:
+a user error then prints `<program>: error: <what, where, the fix>` without a traceback
+(`--verbose` adds it) and exits 2 (a bad flag or config value) or 1 (data, workdir,
+checkpoints, a full disk, a non-finite loss, a lost process); a bug keeps its traceback
+(README, "Errors and exit statuses").
 """
 import difflib
 import errno
@@ -39,9 +38,8 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
 
 
 def start(argv: Sequence[str]) -> flags.FlagValues:
-  """Refuses stray positional arguments (a flag typed without `--`) and, unless `--verbosity`
-  was given, logs warnings and errors only (Orbax logs every save at INFO, which would bury
-  the progress lines). Returns the parsed flags."""
+  """Refuses stray positional arguments and, unless `--verbosity` was given, logs warnings and
+  errors only (Orbax logs every save at INFO). Returns the parsed flags."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {list(argv[1:])}; every option is a --flag "
                          "(see --help).", exitcode=USAGE_ERROR)
@@ -54,8 +52,8 @@ def start(argv: Sequence[str]) -> flags.FlagValues:
 
 
 def _drop_orbax_background_tracebacks(record) -> bool:
-  """Orbax's save threads log the traceback of a failed write (a full disk: 300 lines) that
-  `run` prints as one line: log records whose traceback passes through Orbax are dropped."""
+  """Drops log records whose traceback passes through Orbax: its save threads log a failed
+  write (a full disk: 300 lines) that `run` prints as one line."""
   if not record.exc_info or record.exc_info[2] is None:
     return True
   paths = [record.pathname] + [f.filename for f in traceback.extract_tb(record.exc_info[2])]
@@ -81,18 +79,9 @@ def _drop_closed_loop_reports() -> None:
   sys.excepthook, sys.unraisablehook = hook, unraisable_hook
 
 
-def with_flag(overrides: dict, field: str, flag_value) -> dict:
-  """`overrides` with a dedicated flag folded into the config field it stands for (e.g. the
-  benchmark's `--batch_size`): never a silent winner, a disagreement is a usage error."""
-  if flag_value is not None and overrides.get(field, flag_value) != flag_value:
-    raise app.UsageError(f"--{field}={flag_value} and --config.{field}={overrides[field]} "
-                         "disagree: give one of them.", exitcode=USAGE_ERROR)
-  return overrides if flag_value is None else dict(overrides, **{field: flag_value})
-
-
 def exit_on_sigterm() -> None:
-  """Until the training loop installs its own handler, SIGTERM exits 0 with one line (nothing
-  to save before the first step); entry points call this before their slow imports."""
+  """Until the training loop installs its own handler, SIGTERM exits 0 with one line; entry
+  points call this before their slow imports."""
   def stop(signum, frame):
     del signum, frame
     print("Stopped by SIGTERM outside the training loop: every completed checkpoint stays; "
@@ -132,8 +121,7 @@ def run(main: Callable[[list[str]], None], program: str) -> None:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's parsing; a mistyped config field is an UnknownOverrideError, any other failure a
-  usage error."""
+  """absl's parsing; a mistyped config field is an UnknownOverrideError, else a usage error."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as error:

@@ -2,10 +2,9 @@
 the one walker of dotted field paths (`model.n_layer`).
 
 `--config=sas_p:cpu`, `sas_p.py:cpu`, `configs/sas_p.py:cpu` and `path/to/mine.py:cpu` work
-from any folder. A checkout keeps the files in the top-level `configs/`; a wheel carries them
-as the package `simplified_flax.configs` (pyproject.toml), and a checkout registers its folder
-under that name, so `from simplified_flax.configs import base` works in both. A user's file
-is loaded inside that package: a copy of a shipped file keeps `from . import sas` working.
+from any folder. A wheel carries the files as the package `simplified_flax.configs`; a checkout
+registers its top-level `configs/` under that name. A user's file is loaded inside that package
+(a copy of a shipped file keeps `from . import sas` working).
 """
 import difflib
 import hashlib
@@ -70,8 +69,7 @@ def known_switches() -> tuple[str, ...]:
 
 def load(spec: str):
   """`"name[:switches]"` or `"path.py[:switches]"` -> that file's `get_config(switches)`; a
-  missing file or a switch no shipped config knows raises ConfigSpecError (one line naming the
-  known configs and switches) before any config code runs."""
+  missing file or unknown switch raises ConfigSpecError before any config code runs."""
   target, _, arg = spec.partition(":")
   module, shipped = _module_for(target)
   if shipped:
@@ -133,8 +131,7 @@ class ConfigSpecParser(flags.ArgumentParser):
 
 
 def define_config_flag(help_string: str = FLAG_HELP):
-  """The ml_collections config-file flag `--config=spec` (overrides `--config.field=value`),
-  its spec resolved by `load`."""
+  """The ml_collections flag `--config=spec` (+ `--config.field=value`), resolved by `load`."""
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
   holder = config_flags.DEFINE_config_file("config", None, help_string)
   flags.FLAGS["config"].parser = ConfigSpecParser()

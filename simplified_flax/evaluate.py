@@ -3,8 +3,7 @@
     python -m simplified_flax.evaluate --workdir=DIR [--eval_steps=N] [--step=S] [--quantize=w8a8]
 
 prints one JSON line {"step", "eval_loss", "eval_perplexity", "eval_tokens"} for the latest
-good checkpoint (or step S) on N validation batches; `--quantize` adds the loss with int8
-fake-quantised linear layers ("quantized_eval_loss", "quantized_loss_increase").
+good checkpoint (or step S) on N validation batches (`--quantize`: also with int8 layers).
 """
 import json
 

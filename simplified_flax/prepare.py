@@ -20,8 +20,7 @@ from simplified_flax.runs import config_checks
 
 
 def prepare(config, *, workers: int, workdir: str | None) -> dict[str, str]:
-  """Prepares both splits of `config.data` (the config checked first); returns {split: shard
-  directory}."""
+  """Prepares both splits of `config.data`; returns {split: shard directory}."""
   config_checks.validate_run_config(config)
   data = config.data
   source = corpus.open_corpus(data)

@@ -1,4 +1,4 @@
-"""Sample from a trained decoder: the command line and the library calls behind it (README,
+"""Sample from a trained decoder: the command line and the library call behind it (README,
 "Sampling").
 
     python -m simplified_flax.sample --workdir=DIR --prompt='def fib(n):' \\
@@ -19,23 +19,7 @@ from simplified_flax import cli
 from simplified_flax.model import decode
 from simplified_flax.model.transformer import build_model
 from simplified_flax.runs import config_checks
-from simplified_flax.training.evaluation import load_config, restore_read_only
-
-
-def restore_variables(workdir: str, config, step: int | None = None):
-  """(variables {"params", "constants"}, step) of the checkpoint `restore_read_only` reads."""
-  restored = restore_read_only(workdir, config, step=step)
-  return {"params": restored.state.params, **restored.state.constants}, restored.step
-
-
-def load_tokenizer(config, workdir: str):
-  """The run's tokenizer: byte, or the SentencePiece model the run saved (never trains one)."""
-  from simplified_flax.data import tokenizers  # pylint: disable=import-outside-toplevel
-
-  def no_training_texts():
-    raise FileNotFoundError(f"{workdir} holds no {tokenizers.TOKENIZER_FILENAME} and the config "
-                            "sets no data.spm_model_path: the run's tokenizer is missing.")
-  return tokenizers.build_tokenizer(config.data, workdir, no_training_texts)
+from simplified_flax.training.evaluation import load_config, load_tokenizer, restore_read_only
 
 
 def sample_text(model, variables, tokenizer, prompts: Sequence[str], *, max_new_tokens: int,
@@ -58,7 +42,8 @@ def main(argv) -> None:
     raise app.UsageError(f"{f.workdir} holds a {config.model.kind}; sampling needs a decoder.")
   config.model.attention_impl = f.attention_impl or config.model.attention_impl
   config_checks.validate_run_config(config)
-  variables, step = restore_variables(f.workdir, config, f.step)
+  restored = restore_read_only(f.workdir, config, step=f.step)
+  variables = {"params": restored.state.params, **restored.state.constants}
   model = build_model(config.model, dtype=f.dtype)
   tokenizer = load_tokenizer(config, f.workdir)
   longest_prompt = max(len(tokenizer.encode(p)) for p in f.prompt)
@@ -71,7 +56,7 @@ def main(argv) -> None:
   sampling = decode.Sampling(f.temperature, f.top_k, f.top_p)
   texts = sample_text(model, variables, tokenizer, f.prompt, max_new_tokens=max_new_tokens,
                       sampling=sampling, seed=f.seed)
-  print(f"# step {step} of {f.workdir}; {sampling}, seed {f.seed}", file=sys.stderr)
+  print(f"# step {restored.step} of {f.workdir}; {sampling}, seed {f.seed}", file=sys.stderr)
   for prompt, text in zip(f.prompt, texts):
     print(prompt + text, flush=True)
     if len(f.prompt) > 1:

@@ -4,10 +4,7 @@
         [--coordinator_address=host:port --num_processes=N --process_id=i]
 
 A workdir with checkpoints resumes from the latest good one; SIGTERM saves and exits 0.
-Library use: `train_and_evaluate(config, workdir)`, or the pure functions of training/step.py:
-
-    state = create_train_state(config, jax.random.PRNGKey(0))   # model.vocab_size set
-    state, metrics = jax.jit(train_step)(state, {"inputs": tokens_BT})
+Library use: `train_and_evaluate(config, workdir)`, or the pure steps of training/step.py.
 """
 from simplified_flax import cli
 

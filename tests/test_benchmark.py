@@ -92,11 +92,11 @@ def test_entry_point_without_the_checkout_says_what_to_run(tmp_path, monkeypatch
 def test_the_batch_size_has_one_source_of_truth():
   """`--config.batch_size=16` is measured at 16 (it was silently replaced by the flag's 8)."""
   from absl import app  # pylint: disable=import-outside-toplevel
-  from simplified_flax import cli  # pylint: disable=import-outside-toplevel
-  assert benchmark.load_config("preln", cli.with_flag({}, "batch_size", None)).batch_size == 8
   assert benchmark.load_config(
-      "preln", cli.with_flag({"batch_size": 16}, "batch_size", None)).batch_size == 16
-  assert cli.with_flag({}, "batch_size", 4) == {"batch_size": 4}
-  assert cli.with_flag({"batch_size": 4}, "batch_size", 4) == {"batch_size": 4}
+      "preln", benchmark.with_flag({}, "batch_size", None)).batch_size == 8
+  assert benchmark.load_config(
+      "preln", benchmark.with_flag({"batch_size": 16}, "batch_size", None)).batch_size == 16
+  assert benchmark.with_flag({}, "batch_size", 4) == {"batch_size": 4}
+  assert benchmark.with_flag({"batch_size": 4}, "batch_size", 4) == {"batch_size": 4}
   with pytest.raises(app.UsageError, match="--batch_size=8 and --config.batch_size=16"):
-    cli.with_flag({"batch_size": 16}, "batch_size", 8)
+    benchmark.with_flag({"batch_size": 16}, "batch_size", 8)

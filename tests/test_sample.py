@@ -12,7 +12,7 @@ from simplified_flax.runs import checkpoints
 from simplified_flax.model import decode
 from simplified_flax.data.tokenizers import ByteTokenizer
 from simplified_flax.config_files import CONFIG_FILE
-from simplified_flax.training.evaluation import load_config, restore_read_only
+from simplified_flax.training.evaluation import load_config, load_tokenizer, restore_read_only
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training.step import create_train_state
 
@@ -36,25 +36,26 @@ def _training_workdir(tmp_path, steps=(1, 2)):
 def test_restores_the_latest_intact_step_and_skips_a_corrupt_one(tmp_path):
   workdir, states = _training_workdir(tmp_path)
   config = load_config(workdir)
-  variables, step = sample.restore_variables(workdir, config)
-  assert step == 2
-  jax.tree.map(np.testing.assert_array_equal, variables["params"], states[2].params)
+  restored = restore_read_only(workdir, config)
+  assert restored.step == 2
+  jax.tree.map(np.testing.assert_array_equal, restored.state.params, states[2].params)
 
   meta = os.path.join(workdir, "checkpoints", "2", "meta", "metadata")
   with open(meta, encoding="utf-8") as f:
     saved = json.load(f)
   with open(meta, "w", encoding="utf-8") as f:
     json.dump(dict(saved, fingerprint=saved["fingerprint"] + 1), f)
-  variables, step = sample.restore_variables(workdir, config)
-  assert step == 1 and os.path.isdir(os.path.join(workdir, "checkpoints", "2"))   # left alone
-  jax.tree.map(np.testing.assert_array_equal, variables["params"], states[1].params)
+  restored = restore_read_only(workdir, config)
+  assert restored.step == 1 and os.path.isdir(os.path.join(workdir, "checkpoints", "2"))
+  jax.tree.map(np.testing.assert_array_equal, restored.state.params, states[1].params)
 
 
 def test_sample_text_continues_each_prompt_and_is_seeded(tmp_path):
   workdir, _ = _training_workdir(tmp_path, steps=(1,))
   config = load_config(workdir)
-  variables, _ = sample.restore_variables(workdir, config)
-  model, tokenizer = build_model(config.model), sample.load_tokenizer(config, workdir)
+  restored = restore_read_only(workdir, config)
+  variables = {"params": restored.state.params, **restored.state.constants}
+  model, tokenizer = build_model(config.model), load_tokenizer(config, workdir)
   prompts = ["def fib(n):", "x"]
   run = lambda seed: sample.sample_text(model, variables, tokenizer, prompts, max_new_tokens=8,
                                         sampling=decode.Sampling(top_k=20), seed=seed)

@@ -2,13 +2,11 @@
 
     model = Classifier(encoder=build_model(config.model), num_outputs=3, dropout_rate=0.1)
     outputs_BO = model.apply(variables, tokens_BT, key_mask=key_mask_BT, train=False)
-    encoder_params, encoder_constants, step = load_pretrained_encoder(workdir, config)
-    state = with_pretrained_encoder(state, encoder_params, encoder_constants)
+    state = with_pretrained_encoder(state, restore_read_only(workdir, config).state)
 
-The encoder is the MLM model itself (submodule "encoder": its parameters and anchors keep their
-pretraining tree), returning its final hidden states (`return_hidden=True`). The head
-mean-pools them over the real tokens (`key_mask`), then pooler Dense(D) + tanh, dropout,
-Dense(O): O = number of classes, or 1 for regression.
+The encoder is the MLM model itself (submodule "encoder", its pretraining tree), returning its
+final hidden states. The head mean-pools them over the real tokens (`key_mask`), then pooler
+Dense(D) + tanh, dropout, Dense(O): O = number of classes, or 1 for regression.
 """
 from typing import Any
 
@@ -17,7 +15,6 @@ import jax
 import jax.numpy as jnp
 
 from simplified_flax.model import layers
-from simplified_flax.training.evaluation import restore_read_only
 
 
 def masked_mean_BD(x_BTD: jax.Array, key_mask_BT: jax.Array | None) -> jax.Array:
@@ -74,18 +71,11 @@ def predictions_B(outputs_BO: jax.Array, regression: bool) -> jax.Array:
   return outputs_BO[:, 0] if regression else jnp.argmax(outputs_BO, axis=-1)
 
 
-def load_pretrained_encoder(workdir: str, config) -> tuple[Any, Any, int]:
-  """(params, constants, step) of the latest good checkpoint of a training run in `workdir`;
-  a pretraining `config` with other parameter shapes raises IncompatibleCheckpointError."""
-  restored = restore_read_only(workdir, config)   # never edits the source run
-  return restored.state.params, restored.state.constants, restored.step
-
-
-def with_pretrained_encoder(state, encoder_params, encoder_constants):
-  """`state` (of a Classifier) with its encoder's params and constants replaced, and a fresh
-  optimiser state."""
-  params = {**state.params, "encoder": encoder_params}
-  constants = {name: {**tree, "encoder": encoder_constants[name]}
+def with_pretrained_encoder(state, pretrained):
+  """`state` (of a Classifier) with the encoder's params and constants of `pretrained` (a
+  pretraining run's state), and a fresh optimiser state."""
+  params = {**state.params, "encoder": pretrained.params}
+  constants = {name: {**tree, "encoder": pretrained.constants[name]}
                for name, tree in state.constants.items()}
   for new, old, what in ((params, state.params, "parameters"),
                          (constants, state.constants, "constants")):

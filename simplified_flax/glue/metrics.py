@@ -1,9 +1,7 @@
 """GLUE task metrics as pure numpy functions of (predictions [N], labels [N]): accuracy, F1 of
 class 1 (MRPC, QQP), Matthews correlation (CoLA), Pearson and Spearman correlation (STS-B).
-
-Degenerate inputs (a constant vector, no positive predictions or labels) give 0.0 instead of
-NaN, the convention of the GLUE scripts: an untrained classifier that predicts one class must
-still produce a finite score.
+Degenerate inputs (a constant vector, no positive predictions or labels) give 0.0, not NaN, as
+in the GLUE scripts.
 """
 from typing import Callable
 

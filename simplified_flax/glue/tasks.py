@@ -4,10 +4,9 @@
     split = tasks.load_split(task, "train", tokenizer, seq_len=128)
     for batch in tasks.batches(split, 32, rng=np.random.default_rng(0)): ...
 
-The pretraining tokenizers have no [CLS] or [SEP] token, so a single sentence is its tokens and
-a pair is `a <eod> b` (eod: the one boundary token pretraining has seen). Pairs longer than T
-are truncated longest-first, as BERT does; rows are right-padded and `key_mask` marks the real
-tokens, over which the classifier mean-pools (classifier.py).
+The pretraining tokenizers have no [CLS] or [SEP] token: a pair is `a <eod> b` (eod: the one
+boundary token pretraining has seen), truncated longest-first as BERT does; rows are
+right-padded and `key_mask` marks the real tokens.
 """
 import dataclasses
 from typing import Iterator, Sequence
@@ -111,8 +110,8 @@ def encode_examples(tokenizer: Tokenizer, task: GlueTask, columns: dict[str, Seq
 
 def load_split(task: GlueTask, split: str, tokenizer: Tokenizer, seq_len: int, *,
                data_dir: str | None = None, max_examples: int = 0) -> EncodedSplit:
-  """`split` of the task from tfds (prepared, or downloaded when the host has network); with
-  `max_examples` > 0 only the first that many examples (quick runs)."""
+  """`split` of the task from tfds (prepared, or downloaded); with `max_examples` > 0 only the
+  first that many examples."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  (slow import)
   try:
     builder = tfds.builder(task.tfds_name, data_dir=data_dir)
@@ -144,8 +143,7 @@ def batches(split: EncodedSplit, batch_size: int,
             rng: np.random.Generator | None = None) -> Iterator[dict[str, np.ndarray]]:
   """One pass over `split` in batches of exactly `batch_size` rows (shuffled when `rng`):
   inputs int32[B, T], key_mask bool[B, T], labels [B], weights float32[B]. The last batch is
-  padded with copies of row 0 of weight 0: one shape (one compilation), and padding rows never
-  count in a loss or a metric."""
+  padded with copies of row 0 of weight 0 (one shape, one compilation)."""
   order_N = rng.permutation(len(split)) if rng is not None else np.arange(len(split))
   for start in range(0, len(split), batch_size):
     rows = order_N[start:start + batch_size]
@@ -156,13 +154,8 @@ def batches(split: EncodedSplit, batch_size: int,
            "labels": split.labels_N[rows], "weights": weights_B}
 
 
-def num_batches(num_examples: int, batch_size: int) -> int:
-  return -(-num_examples // batch_size)
-
-
 def task_score(metrics_by_split: dict[str, dict[str, float]]) -> float:
-  """A task's score: the mean of all its metrics (`GlueTask.metrics`) over all its eval splits
-  (MNLI: matched and mismatched), in percent."""
+  """A task's score in percent: the mean of its metrics over its eval splits."""
   values = [v for split in metrics_by_split.values() for v in split.values()]
   return 100.0 * float(np.mean(values))
 

@@ -1,10 +1,10 @@
 """GLUE fine-tuning of a pretrained encoder, one task per run: the recipe (`finetune_defaults`),
-the task loss that training/step.py's train step minimises, and the loop `finetune`. The
-command line, what it writes and the recipe in words: `python -m simplified_flax.finetune`.
+the task loss that training/step.py's train step minimises, and the loop `finetune`.
 """
 import copy
 import functools
 import json
+import math
 import os
 
 from absl import logging
@@ -15,8 +15,6 @@ import ml_collections
 import numpy as np
 
 from simplified_flax import storage
-from simplified_flax.data import tokenizers
-from simplified_flax.data.errors import DataError
 from simplified_flax.glue import classifier
 from simplified_flax.glue import metrics
 from simplified_flax.glue import tasks
@@ -25,7 +23,7 @@ from simplified_flax.runs import config_checks
 from simplified_flax.runs import metrics_io
 from simplified_flax.runs import nonfinite
 from simplified_flax.training import step
-from simplified_flax.training.evaluation import load_config
+from simplified_flax.training.evaluation import load_config, load_tokenizer, restore_read_only
 
 RESULT_FILE = "result.json"
 
@@ -55,7 +53,7 @@ def finetune_config(pretrain_config, ft, num_train_examples: int) -> ml_collecti
   c.seed = ft.seed
   c.batch_size = ft.batch_size
   c.grad_accum_steps = 1
-  c.num_train_steps = ft.epochs * tasks.num_batches(num_train_examples, ft.batch_size)
+  c.num_train_steps = ft.epochs * math.ceil(num_train_examples / ft.batch_size)
   c.model.dropout_rate = ft.dropout_rate
   c.model.context_length = ft.seq_len or pretrain_config.model.context_length
   o = c.optimizer
@@ -85,13 +83,6 @@ def evaluate_split(predict_fn, state, split: tasks.EncodedSplit, task: tasks.Glu
   return metrics.compute(task.metrics, np.concatenate(predictions), split.labels_N)
 
 
-def _pretrained_tokenizer(pretrain_config, pretrained_workdir: str):
-  def no_training_texts():
-    raise DataError(f"{pretrained_workdir} holds no tokenizer.model and data.spm_model_path is "
-                    f"unset: fine-tune with the tokenizer the encoder was pretrained with.")
-  return tokenizers.build_tokenizer(pretrain_config.data, pretrained_workdir, no_training_texts)
-
-
 def _pretrain_config(pretrained_workdir: str, config):
   """`config` (default: the run's config.json) with the run's vocab_size when unset."""
   saved = load_config(pretrained_workdir)
@@ -99,8 +90,8 @@ def _pretrain_config(pretrained_workdir: str, config):
   if pretrain_config.model.vocab_size is None:
     pretrain_config.model.vocab_size = saved.model.vocab_size
   if pretrain_config.model.kind != "encoder":
-    raise ValueError(f"model.kind={pretrain_config.model.kind!r}: GLUE fine-tuning needs an "
-                     f"encoder (a configs/bert_*.py run).")
+    raise config_checks.ConfigError(f"model.kind={pretrain_config.model.kind!r}: GLUE "
+                                    "fine-tuning needs an encoder (a configs/bert_*.py run).")
   return pretrain_config
 
 
@@ -108,20 +99,16 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
              config=None, ft=None, tensorboard: bool = False) -> dict:
   """Fine-tunes the latest checkpoint of `pretrained_workdir` on a GLUE task; returns (and
   writes to `workdir/result.json`) {"task", "score", "metrics", "pretrained_step", ...}.
-
-  `config` defaults to the run's `config.json`, `ft` to `finetune_defaults()`. A NaN or
-  infinite loss stops the run with NonFiniteLossError.
-  """
+  `config` defaults to the run's `config.json`, `ft` to `finetune_defaults()`."""
   task = tasks.get_task(task_name)
   ft = ft if ft is not None else finetune_defaults()
   config_checks.validate_finetune_config(ft, config)   # before the output folder is created
   workdir = workdir or os.path.join(pretrained_workdir, "glue", task.name)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)   # epath: gs://... works too
   pretrain_config = _pretrain_config(pretrained_workdir, config)
-  # Restored before the data is read: a mismatched config fails in seconds, not after QQP.
-  encoder_params, encoder_constants, pretrained_step = classifier.load_pretrained_encoder(
-      pretrained_workdir, pretrain_config)
-  tokenizer = _pretrained_tokenizer(pretrain_config, pretrained_workdir)
+  # Restored (read-only) before the data is read: a mismatched config fails in seconds.
+  pretrained = restore_read_only(pretrained_workdir, pretrain_config)
+  tokenizer = load_tokenizer(pretrain_config, pretrained_workdir)
   load = functools.partial(tasks.load_split, task, tokenizer=tokenizer,
                            seq_len=ft.seq_len or pretrain_config.model.context_length,
                            data_dir=ft.tfds_data_dir)
@@ -134,12 +121,12 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
   model = classifier.Classifier(build_model(config.model, dtype=config.dtype), task.num_labels,
                                 ft.dropout_rate)
   state = step.create_train_state(config, jax.random.PRNGKey(ft.seed), model=model)
-  state = classifier.with_pretrained_encoder(state, encoder_params, encoder_constants)
+  state = classifier.with_pretrained_encoder(state, pretrained.state)
   loss_fn = functools.partial(task_loss_sums, regression=task.is_regression)
   train_fn = jax.jit(functools.partial(step.train_step, loss_fn=loss_fn), donate_argnums=0)
   predict_fn = jax.jit(functools.partial(predict_step, regression=task.is_regression))
   logging.info("Fine-tuning step-%d encoder on %s: %d train examples, %d steps.",
-               pretrained_step, task.tfds_name, len(train_split), config.num_train_steps)
+               pretrained.step, task.tfds_name, len(train_split), config.num_train_steps)
 
   # Epochs of shuffled batches; metrics are read only at log steps and epoch ends.
   stale = epath.Path(workdir) / metrics_io.METRICS_FILE
@@ -171,7 +158,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
   result = {"task": task.name, "score": score, "metrics": scores,
             "pretrained_workdir": (pretrained_workdir if storage.is_remote(pretrained_workdir)
                                    else os.path.abspath(pretrained_workdir)),
-            "pretrained_step": int(pretrained_step), "steps": steps,
+            "pretrained_step": int(pretrained.step), "steps": steps,
             "train_examples": len(train_split)}
   if jax.process_index() == 0:
     (epath.Path(workdir) / RESULT_FILE).write_text(json.dumps(result, indent=2))
@@ -180,7 +167,7 @@ def finetune(pretrained_workdir: str, task_name: str, workdir: str | None = None
 
 def _flush(pending: list[tuple[int, dict]], writer) -> list:
   """Checks the pending steps' metrics and writes one row at the last of them (mean loss, last
-  grad norm and learning rate); returns an empty list."""
+  grad norm and learning rate); returns []."""
   if not pending:
     return []
   pending = [(s, jax.device_get(m)) for s, m in pending]

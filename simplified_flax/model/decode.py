@@ -7,9 +7,9 @@
                           eod_id=tok.eod_id)
     continuation_b = out.tokens[b, :out.num_tokens[b]]
 
-Prompts are right-padded (row b in slots 0 .. lengths[b]-1; kv_cache.py: why the padding is
-never seen). `generate` is one jitted prefill and `lax.while_loop` of one-token steps: one
-compilation per prompt shape, `max_new_tokens`, `Sampling` and `eod_id`.
+Prompts are right-padded (row b in slots 0 .. lengths[b]-1; kv_cache.py). `generate` is one
+jitted prefill and a `lax.while_loop` of one-token steps, compiled once per prompt shape,
+`max_new_tokens`, `Sampling` and `eod_id`.
 """
 import dataclasses
 import functools

@@ -1,13 +1,12 @@
 """The stack of blocks: unrolled (one module per layer, `h_<l>`), or scanned (`model.scan_layers`).
 
-Scanned, the layers that share their structure run as one `nn.scan` over a module whose
-parameters carry a leading layer axis, so the step compiles one block body at any depth. Only
-layer 0 (with `first_layer_value_resid_gain` or `norm_type="none"`) and the last layer (with
-`last_layer_proj_resid_gain`) can differ; they stay outside the scan under their unrolled
-names, and the run between them is one module `h_<first>_to_<last>` (`h_1_to_17` for SAS-P at
-18 layers, `h_0_to_17` for Pre-LN). Fewer than two shared layers: unrolled. Anchors keep their
-unrolled layout. `model.remat` rematerialises each block (`nn.remat`), scanned or not.
-`stack_layers` / `unstack_layers` convert a params (or cache) tree between the layouts exactly.
+Scanned, the layers that share their structure run as one `nn.scan` (parameters with a leading
+layer axis): one block body compiled at any depth. Layer 0 (with `first_layer_value_resid_gain`
+or `norm_type="none"`) and the last (with `last_layer_proj_resid_gain`) may differ and stay
+outside under their unrolled names; the run between is one module `h_<first>_to_<last>`
+(`h_1_to_17` for SAS-P at 18 layers). Fewer than two shared layers: unrolled. Anchors keep their
+unrolled layout; `model.remat` rematerialises each block. `stack_layers` / `unstack_layers`
+convert a params (or cache) tree between the layouts exactly.
 """
 import re
 from typing import Any, Dict, Optional, Tuple

@@ -6,9 +6,8 @@
 
 W8A8 of [OP] Sec. 6: symmetric int8, codes in [-127, 127]. `a8`: one dynamic scale max|x| / 127
 per layer input (one outlier neuron coarsens every other's grid); `w8`: one per output column
-of the layer's [fan_in, fan_out] (effective) matrix; `w8a8` both. Every linear layer
-(`layers.matmul`, the tied head) passes its (x, kernel) through `operands`, which reads the
-scheme of the context at trace time: the block code has no quantisation switch.
+of the [fan_in, fan_out] (effective) matrix; `w8a8` both. Every linear layer passes (x, kernel)
+through `operands`, which reads the context's scheme at trace time.
 """
 import contextlib
 import contextvars

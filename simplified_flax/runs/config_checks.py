@@ -1,10 +1,8 @@
 """The whole config checked once per start, before anything is built, read or written.
 
-`validate_run_config` is the one check: every entry point (train, evaluate, sample, params,
-prepare, and `finetune` through `validate_finetune_config`) calls it first, so that a bad value
-fails in a second with one `ConfigError` line naming the field and the fix, before a tokenizer
-is trained, a dataset prepared or the workdir created. It reads no file and runs no JAX; the
-model, the train step and the placement then trust the config.
+Every entry point calls `validate_run_config` (finetune: `validate_finetune_config`) first: a bad
+value fails in a second with one `ConfigError` line naming the field and the fix. It reads no
+file and runs no JAX; the model, the train step and the placement then trust the config.
 """
 import numbers
 from operator import attrgetter
@@ -26,13 +24,11 @@ class ConfigError(ValueError):
 
 
 def require(ok: bool, message: str) -> None:
-  """Raises ConfigError(message) unless `ok`."""
   if not ok:
     raise ConfigError(message)
 
 
 def one_of(value, allowed, field: str) -> None:
-  """Raises ConfigError unless `value` is one of `allowed`, naming `field` and the choices."""
   require(value in allowed, f"{field}={value!r} is unknown: use one of {list(allowed)}.")
 
 
@@ -60,9 +56,8 @@ def _in_range(config, field: str, low: float, high: float | None = None, *,
 
 
 def validate_run_config(config, device_count: int | None = None) -> None:
-  """Raises ConfigError for the first field of `config` that cannot work. An unset
-  `model.vocab_size` passes (the tokenizer sets it); `device_count` (default: not checked) is
-  the number of devices the global batch is split over."""
+  """Raises ConfigError for the first field of `config` that cannot work (an unset
+  `model.vocab_size` passes); given `device_count`, the batch must split over the devices."""
   validate_model_config(config.model, require_vocab=False)
   _training_rules(config)
   _parallel_rules(config, device_count)
@@ -71,8 +66,7 @@ def validate_run_config(config, device_count: int | None = None) -> None:
 
 
 def validate_model_config(m, require_vocab: bool = True) -> None:
-  """Raises ConfigError for a model config (`config.model`) that cannot build a working model;
-  `require_vocab=False` accepts an unset vocab_size."""
+  """Raises ConfigError for a `config.model` that cannot build a working model."""
   require((m.vocab_size is None and not require_vocab) or (m.vocab_size or 0) > 0,
           f"model.vocab_size={m.vocab_size!r}: set it to the tokenizer's vocabulary size "
           f"(training does this from config.data).")
@@ -209,8 +203,7 @@ def _data_rules(config) -> None:
 
 def validate_finetune_config(ft, pretrain_config=None) -> None:
   """Raises ConfigError for a GLUE fine-tuning recipe (`--finetune.*`) that cannot work, or for
-  a given pretraining config (`validate_run_config`; the default, the run's saved config, was
-  checked when that run started)."""
+  a given pretraining config (the run's saved one was checked when it started)."""
   for name in ("epochs", "batch_size", "eval_batch_size", "log_every_steps"):
     _int_at_least(ft, name, 1, prefix="finetune.")
   for name in ("max_train_examples", "max_eval_examples"):

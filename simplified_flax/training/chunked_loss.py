@@ -3,13 +3,12 @@
     head = HeadSpec.from_config(config.model, config.dtype)     # None: the chunked loss is off
     ce_N = cross_entropy_N(hidden_ND, embedding_VD, targets_N, head)   # float32[N]
 
-A scan over `head.n_chunks` vocabulary chunks of `head.width` entries (the last one padded, its
-padding at -inf) computes each chunk's logits [N, width] in the compute dtype and keeps only
-float32 per-token statistics (log-sum-exp, the target's logit); the backward pass (a custom VJP)
-recomputes them chunk by chunk. Chunking the vocabulary, not the tokens, keeps every array with
-a token axis sharded as the batch is and gives each chunk its own rows of the embedding's
-gradient. With float32 compute the value and gradients equal the full-logits loss to float32
-rounding; in bfloat16 each chunk's logits are rounded to bfloat16 first (the tests bound it).
+A scan over `head.n_chunks` vocabulary chunks (the last padded with -inf logits) computes each
+chunk's logits [N, width] in the compute dtype and keeps float32 per-token statistics
+(log-sum-exp, the target's logit); a custom VJP recomputes them chunk by chunk. Chunking the
+vocabulary, not the tokens, keeps the token axis sharded as the batch is. In float32 the value
+and gradients equal the full-logits loss to rounding; in bfloat16 each chunk's logits are
+rounded first (the tests bound it).
 """
 import dataclasses
 import functools
@@ -38,8 +37,8 @@ class HeadSpec:
 
   @classmethod
   def from_config(cls, model_config, dtype: str):
-    """The spec of `model_config`; None when model.loss_vocab_chunk_size is 0 (the loss reads
-    the model's full logits). Configs saved before the fields existed get the defaults."""
+    """The spec of `model_config`; None when model.loss_vocab_chunk_size is 0 (full logits).
+    Configs saved before the fields existed get the defaults."""
     chunk_size = model_config.get("loss_vocab_chunk_size", DEFAULT_CHUNK)
     if not chunk_size:
       return None
@@ -110,8 +109,8 @@ def _forward(hidden_ND, embedding_VD, targets_N, head):
 
 
 def _backward(head, residuals, d_ce_N):
-  """d ce / d logits = softmax - onehot(target), one chunk at a time: d hidden accumulates in
-  float32 across chunks; each chunk's rows of d embedding are one scan output."""
+  """d ce / d logits = softmax - onehot(target), one chunk at a time (d hidden accumulated in
+  float32; each chunk's rows of d embedding one scan output)."""
   hidden_ND, embedding_VD, targets_N, lse_N = residuals
   h_ND = hidden_ND.astype(head.dtype)
   starts = jnp.arange(head.n_chunks) * head.width

@@ -1,15 +1,10 @@
 """The signal-propagation diagnostics the papers log (docs/model.md, "Diagnostics", defines
-each), as pure functions over arrays.
+each), as pure functions over arrays; every metric is a float32 scalar.
 
     _, state = model.apply(variables, tokens_BT, mutable=["intermediates"])
     metrics = collect(state["intermediates"], variables["params"])
     # {"kurtosis/layer_3": f32[], "attn_entropy/layer_0": f32[],
     #  "gain/h_2/attn_mat_skip_gain_mean": f32[], ...}
-
-Per block, of its output x [B, T, D] (sown as "hidden"): `hidden_state_metrics`; of the
-explicit attention path's softmax ("attn_probs" [B, H, T, T], absent on the fused path): the
-attention entropy; of the parameters: every trainable gain. Every metric is a float32 scalar,
-so the dict can leave a jitted step as it is.
 """
 from typing import Any, Dict, Mapping
 
@@ -26,8 +21,7 @@ _TINY = jnp.finfo(jnp.float32).tiny
 
 
 def normalised_features(x_BTD: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(z [N, D], r): x as float32 [N, D] centred over D per token, divided by r, the rms of all
-  its entries."""
+  """(z [N, D], r): x as float32 [N, D] centred over D per token, divided by r, its rms."""
   x_ND = x_BTD.reshape(-1, x_BTD.shape[-1]).astype(jnp.float32)
   x_ND = x_ND - x_ND.mean(axis=-1, keepdims=True)
   rms = jnp.sqrt(jnp.mean(jnp.square(x_ND)))
@@ -66,8 +60,7 @@ def hidden_state_metrics(x_BTD: jax.Array) -> Dict[str, jax.Array]:
 
 
 def attention_entropy(probs_BHQK: jax.Array) -> jax.Array:
-  """Mean over (batch, head, query) rows of -sum_k A log A; masked keys (A = 0) contribute 0,
-  so a uniform causal row i (i + 1 visible keys) has entropy log(i + 1)."""
+  """Mean over (batch, head, query) rows of -sum_k A log A (masked keys, A = 0, count 0)."""
   p = probs_BHQK.astype(jnp.float32)
   row_entropy_BHQ = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), -1)
   return jnp.mean(row_entropy_BHQ)
@@ -96,8 +89,8 @@ def gain_metrics(params: Mapping[str, Any]) -> Dict[str, jax.Array]:
 
 
 def _per_layer(module: str, leaf):
-  """[(module, leaf)], or for a scanned stack `h_<a>_to_<b>` one (`h_<l>`, leaf[i]) per layer,
-  so that metrics are named as in the unrolled model."""
+  """[(module, leaf)], or for a scanned stack `h_<a>_to_<b>` one (`h_<l>`, leaf[i]) per layer
+  (metrics named as in the unrolled model)."""
   layers = layer_stack.layers_of(module)
   if layers is None or module == f"h_{layers.start}":
     return [(module, leaf)]
@@ -105,12 +98,9 @@ def _per_layer(module: str, leaf):
 
 
 def collect(intermediates: Mapping[str, Any], params: Mapping[str, Any]) -> Dict[str, jax.Array]:
-  """Flat `{"<metric>/layer_<l>": f32[]}` from a model's sown intermediates, plus the gains.
-
-  `intermediates["hidden"]` holds one [B, T, D] per block in order; `h_<l>/attn/attn_probs`
-  the softmax of block l (explicit attention only, else no entropy), or
-  `h_<a>_to_<b>/attn/attn_probs` those of scanned layers a..b stacked (model.scan_layers).
-  """
+  """Flat `{"<metric>/layer_<l>": f32[]}` from a model's sown intermediates, plus the gains:
+  `hidden` holds one block output [B, T, D] per block; `h_<l>/attn/attn_probs` [B, H, T, T] the
+  softmax of block l (explicit attention only), or of scanned layers a..b (`h_<a>_to_<b>`)."""
   metrics = {}
   for layer, x_BTD in enumerate(intermediates.get(HIDDEN, ())):
     for name, value in hidden_state_metrics(x_BTD).items():

@@ -1,5 +1,5 @@
-"""Evaluation of a state and read-only access to a training run's workdir (its saved config and
-checkpoints), safe while the run is still writing there."""
+"""Evaluation of a state, and read-only access to a training run's workdir (its saved config,
+tokenizer and checkpoints), safe while the run is still writing there."""
 import dataclasses
 import json
 import math
@@ -10,6 +10,7 @@ import jax
 import ml_collections
 
 from simplified_flax.config_files import CONFIG_FILE
+from simplified_flax.data.errors import DataError
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import config_checks
 from simplified_flax.training import losses
@@ -19,8 +20,8 @@ from simplified_flax.training.step import create_train_state, eval_step
 
 
 def run_eval(eval_fn: Callable, state, batches: Iterable[dict], placement) -> dict[str, float]:
-  """Token-mean loss and perplexity (and MLM accuracy for the encoder) of `batches` (local
-  rows) under compiled `eval_fn`, with one host sync (after every batch is dispatched)."""
+  """Token-mean loss and perplexity (encoder: and MLM accuracy) of `batches` (local rows) under
+  compiled `eval_fn`, with one host sync after every batch is dispatched."""
   total = None
   for batch in batches:
     sums = eval_fn(state, placement.place_batch(batch))
@@ -37,6 +38,17 @@ def run_eval(eval_fn: Callable, state, batches: Iterable[dict], placement) -> di
   return result
 
 
+def input_pipeline(config, workdir: str, pipeline=None):
+  """`pipeline`, or the config's own (built on process 0 first); sets a None
+  `config.model.vocab_size` from its tokenizer."""
+  if pipeline is None:
+    from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
+    pipeline = primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
+  if config.model.vocab_size is None:
+    config.model.vocab_size = pipeline.tokenizer.vocab_size
+  return pipeline
+
+
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config a training run wrote to `<workdir>/config.json`."""
   path = epath.Path(workdir) / CONFIG_FILE     # epath: the workdir may be gs://...
@@ -46,14 +58,21 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
+def load_tokenizer(config, workdir: str):
+  """The run's tokenizer: byte, or the SentencePiece model the run saved (never trains one)."""
+  from simplified_flax.data import tokenizers  # pylint: disable=import-outside-toplevel
+
+  def no_training_texts():
+    raise DataError(f"{workdir} holds no {tokenizers.TOKENIZER_FILENAME} and data.spm_model_path "
+                    "is unset: use the tokenizer the run was trained with.")
+  return tokenizers.build_tokenizer(config.data, workdir, no_training_texts)
+
+
 def restore_read_only(workdir: str, config, target=None, step: int | None = None):
   """checkpoints.Restored: the newest intact checkpoint of `workdir` (or `step`), read without
-  creating, cleaning up or moving anything (the run may still be training).
-
-  `config` is the run's config (`load_config`), whose parameter shapes must match the saved
-  ones; `target` gives the state's shardings (default: this process's first device). Raises
-  FileNotFoundError without a checkpoint, CheckpointError when none reads back intact.
-  """
+  creating, cleaning up or moving anything. `config` (`load_config`) must have the saved
+  parameter shapes (else IncompatibleCheckpointError); `target` gives the shardings (default:
+  this process's first device). Raises FileNotFoundError without a checkpoint."""
   if target is None:
     abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
     target = first_device_target(abstract)
@@ -79,18 +98,15 @@ def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None,
              step: int | None = None, quantize_scheme: str | None = None) -> dict:
   """Evaluates the latest good checkpoint of `workdir` (or checkpoint `step`) on the eval split.
 
-  `quantize_scheme` ("w8", "a8" or "w8a8"; model/quantize.py) evaluates the same batches a
-  second time with the linear layers fake-quantised to int8, adding `quantize`,
-  `quantized_eval_loss` and `quantized_loss_increase` (quantised minus full precision). Both
-  evaluations then score the model's full logits, so that the tied head is quantised as well
-  (the chunked loss multiplies by the embedding out of the quantiser's reach).
+  `quantize_scheme` ("w8", "a8" or "w8a8"; model/quantize.py) evaluates the same batches again
+  with int8 fake-quantised linear layers, adding `quantize`, `quantized_eval_loss` and
+  `quantized_loss_increase`; both then score the full logits, so that the tied head is
+  quantised too (the chunked loss is out of the quantiser's reach).
   """
   quantizing = quantize.parse_scheme(quantize_scheme) != (False, False)   # fails before reading
   config = load_config(workdir)
   config_checks.validate_run_config(config, jax.device_count())
-  if pipeline is None:
-    from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
-    pipeline = primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
+  pipeline = input_pipeline(config, workdir, pipeline)
   placement = Placement.from_config(config)
   abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(config.seed)))
   restored = restore_read_only(workdir, config, placement.restore_target(abstract), step=step)

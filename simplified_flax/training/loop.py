@@ -1,8 +1,5 @@
-"""The training loop: `train_and_evaluate(config, workdir)` trains a config to its last step in a
-workdir (`config.json`, `metrics.jsonl`, `tensorboard/`, `checkpoints/`), resuming from the
-latest good checkpoint there; SIGTERM (or a TPU preemption notice) saves at the next step and
-returns. It compiles the pure steps of step.py and calls the run operations of
-`simplified_flax/runs/` by name.
+"""The training loop: `train_and_evaluate(config, workdir)` compiles the pure steps of step.py
+and calls the run operations of `simplified_flax/runs/` by name.
 """
 import itertools
 import json
@@ -22,8 +19,8 @@ from simplified_flax.runs import resume
 from simplified_flax.runs import stop_request
 from simplified_flax.runs import workdir_lock
 from simplified_flax.runs.nonfinite import NonFiniteLossError
-from simplified_flax.training.evaluation import run_eval
-from simplified_flax.training.placement import Placement, primary_first
+from simplified_flax.training.evaluation import input_pipeline, run_eval
+from simplified_flax.training.placement import Placement
 from simplified_flax.model.parameters import size
 from simplified_flax.model.transformer import build_model
 from simplified_flax.training.step import (TrainState, create_train_state, diagnostics_step,
@@ -35,7 +32,7 @@ MAX_UNREAD_STEPS = 256
 
 
 def _console(message: str) -> None:
-  """The console progress/event line (process 0 only; absl logging carries the details)."""
+  """A progress or event line on the console (process 0 only)."""
   if jax.process_index() == 0:
     print(message, flush=True)
 
@@ -54,14 +51,14 @@ def _every(step: int, n: int) -> bool:
 
 def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
                        tensorboard: bool = True) -> TrainState:
-  """Trains `config` to `config.num_train_steps` in `workdir`; returns the final state.
+  """Trains `config` to `config.num_train_steps` in `workdir` (`config.json`, `metrics.jsonl`,
+  `tensorboard/`, `checkpoints/`), resuming from its latest good checkpoint; SIGTERM (or a TPU
+  preemption notice) saves at the next step and returns. Returns the final state.
 
-  `pipeline` defaults to `data.build_pipeline(config, workdir=workdir)` (whose tokenizer sets
-  a None `config.model.vocab_size`), `model` to `build_model(config.model, config.dtype)`.
-  The config is checked before anything is written (ConfigError), then the workdir is locked
-  (WorkdirLockedError while another live run holds it). Raises NonFiniteLossError naming the
-  step of a NaN/inf loss and how to rewind (`config.restore_step`), and
-  checkpoints.IncompatibleCheckpointError when the checkpoints have other parameter shapes.
+  `pipeline` defaults to `data.build_pipeline(config, workdir=workdir)` (its tokenizer sets a
+  None `model.vocab_size`), `model` to `build_model(config.model, config.dtype)`. Raises
+  ConfigError before anything is written, WorkdirLockedError while another run holds the
+  workdir, NonFiniteLossError naming the step and how to rewind (`config.restore_step`).
   """
   config_checks.validate_run_config(config, jax.device_count())
   if pipeline is None:
@@ -73,7 +70,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
 
 def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> TrainState:
   """`train_and_evaluate` once the config is checked and the workdir is locked."""
-  pipeline = _input_pipeline(config, workdir, pipeline)   # sets a None vocab_size
+  pipeline = input_pipeline(config, workdir, pipeline)   # sets a None vocab_size
   config_dict = config.to_dict()
 
   # Mesh and model state; resume from the latest good checkpoint (or rewind to restore_step).
@@ -146,17 +143,6 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   return state
 
 
-def _input_pipeline(config, workdir: str, pipeline):
-  """`pipeline`, or the config's own (built on process 0 first, then on the others); a None
-  `config.model.vocab_size` is set from its tokenizer."""
-  if pipeline is None:
-    from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
-    pipeline = primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
-  if config.model.vocab_size is None:
-    config.model.vocab_size = pipeline.tokenizer.vocab_size
-  return pipeline
-
-
 class _PendingMetrics:
   """The (step, device metrics) of dispatched steps not read yet: reading waits for the device,
   so the loop reads only to log, evaluate or checkpoint, or every `MAX_UNREAD_STEPS` steps."""
@@ -200,8 +186,8 @@ class _PendingMetrics:
 
 
 def _compile_steps(config, model, placement, abstract_state):
-  """(train, eval, diagnostics) steps compiled for `placement`; diagnostics is None (never
-  compiled or dispatched) unless `config.diagnostics_every` > 0."""
+  """(train, eval, diagnostics) steps compiled for `placement`; diagnostics is None unless
+  `config.diagnostics_every` > 0."""
   train_fn = placement.compile_step(train_step, abstract_state)
   eval_fn = placement.compile_step(eval_step, abstract_state, returns_state=False)
   diagnostics_fn = None
@@ -236,8 +222,8 @@ def _evaluate(step: int, eval_fn, state, pipeline, config, placement, writer, pr
 
 
 def _close(feeder, iterator, manager, writer, stop) -> None:
-  """Stops the input thread, finishes any save in flight and closes the writers; the stop
-  request last, so a SIGTERM during the final save waits for it instead of cutting it."""
+  """Stops the input thread, finishes any save in flight, closes the writers, and the stop
+  request last (a SIGTERM during the final save waits for it)."""
   feeder.close()
   if hasattr(iterator, "close"):   # the data pipeline's own prefetch thread, if any
     iterator.close()
@@ -248,9 +234,8 @@ def _close(feeder, iterator, manager, writer, stop) -> None:
 
 
 def _diagnostics_step(config, model):
-  """`diagnostics_step` on the explicit attention path, whose softmax probabilities give the
-  entropy: a fused config's model is rebuilt as explicit (same parameters; "auto" is explicit
-  while intermediates are collected). A caller's own `model` is used as it is."""
+  """`diagnostics_step` on the explicit attention path, whose softmax gives the entropy: a fused
+  config's model is rebuilt as explicit (same parameters). A caller's `model` is kept."""
   if model is not None or config.model.attention_impl != "fused":
     return diagnostics_step
   explicit = config.model.copy_and_resolve_references()

@@ -3,14 +3,11 @@
     sums = loss_sums(logits_BTV, batch, kind="decoder")   # {"loss_sum", "weight_sum"}
     mean_loss = sums["loss_sum"] / sums["weight_sum"]
 
-Decoder (causal LM): position t predicts `inputs[t + 1]`. With packed rows (`segment_ids`,
-1.. per document, 0 padding) a prediction is scored only when the target is a real token of
-the same document as the input, so nothing is learnt across a document boundary or on padding.
+Decoder (causal LM): position t predicts `inputs[t + 1]`, scored only when the target is a real
+token of the input's document (packed rows: `segment_ids` 1.. per document, 0 padding).
 Encoder (MLM): position t predicts `targets[t]` with weight `weights[t]` (0 on unmasked tokens).
-With `with_correct`, "correct_sum" is the weighted count of positions whose arg-max logit is the
-target (the MLM accuracy's numerator). All arithmetic is float32 whatever the logits' dtype.
-`hidden_loss_sums` gives the same sums from the final hidden states and the tied embedding
-through `chunked_loss` (the training and evaluation default), never holding the logits.
+"correct_sum" (`with_correct`) counts weighted positions whose arg-max is the target. All float32.
+`hidden_loss_sums` gives the same sums from the final hidden states through `chunked_loss`.
 """
 import jax
 import jax.numpy as jnp
@@ -26,9 +23,8 @@ def cross_entropy_BT(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
 
 
 def targets_and_weights_BT(batch: dict, kind: str) -> tuple[jax.Array, jax.Array]:
-  """(int targets [B, T], float32 weights [B, T]) of every position of a batch of `kind`; a
-  decoder's last position has weight 0 (it has no next token), so all T positions line up
-  with the model's T outputs."""
+  """(int targets [B, T], float32 weights [B, T]) of a batch of `kind`; a decoder's last
+  position has weight 0 (no next token)."""
   if kind == "decoder":
     inputs_BT, segment_ids_BT = batch["inputs"], batch.get("segment_ids")
     if segment_ids_BT is None:

@@ -1,13 +1,11 @@
-"""The optimisers (docs/model.md, "Training settings"): `make_optimizer(config)` is gradient
-clipping, then the update direction `optimizer.name` names, with one schedule and one
-weight-decay mask (decoupled decay, `-lr * (direction + weight_decay * param)`):
+"""The optimisers (docs/model.md, "Training settings"): gradient clipping, then the direction
+`optimizer.name` names, with one schedule and one weight-decay mask (decoupled decay):
   adamw  the paper's AdamW, the default;
-  muon   Muon (`optax.contrib.scale_by_muon`) on every weight matrix (a `kernel` leaf with >= 2
-         axes, the last two [fan_in, fan_out]): momentum orthogonalised by Newton-Schulz
-         iterations, rescaled to AdamW's RMS (`optimizer.muon_rms`) so that one learning rate
-         serves both; embeddings (also the tied head), norms and gains keep AdamW's direction.
-Master weights, gradients and optimiser state are float32 whatever `config.dtype` computes in.
-Gradient accumulation over micro-batches lives here too (`accumulate_gradients`).
+  muon   Muon (`optax.contrib.scale_by_muon`) on every weight matrix (a `kernel` with >= 2 axes,
+         the last two [fan_in, fan_out]), rescaled to AdamW's RMS (`optimizer.muon_rms`) so one
+         learning rate serves both; embeddings, norms and gains keep AdamW's direction.
+Master weights, gradients and optimiser state are float32; `accumulate_gradients` sums
+micro-batches.
 """
 import math
 from typing import Any, Callable
@@ -18,8 +16,6 @@ import optax
 
 from simplified_flax.runs.config_checks import OPTIMIZERS, SCHEDULES
 
-DECAYED_LEAVES = ("kernel", "embedding")
-UNDECAYED_LEAVES = ("scale", "bias")
 GAIN_SUFFIX = "_gain"   # trainable gains: never decayed, logged by diagnostics.gain_metrics
 
 
@@ -31,12 +27,9 @@ def warmup_steps(opt_config, num_train_steps: int) -> int:
 
 
 def make_schedule(opt_config, num_train_steps: int) -> optax.Schedule:
-  """lr(count): warm-up `0 -> learning_rate` over `warmup_steps`, then `opt_config.schedule`.
-
-  linear (the paper's) and cosine reach 0 at `num_train_steps`; rsqrt is
-  `learning_rate * sqrt(warmup / count)` (`1 / sqrt(count)` without warm-up); constant stays.
-  `count` is the number of updates already applied (the first update uses lr(0)).
-  """
+  """lr(count), count the updates already applied: warm-up `0 -> learning_rate` over
+  `warmup_steps`, then linear (the paper's) or cosine to 0 at `num_train_steps`, rsqrt
+  (`learning_rate * sqrt(warmup / count)`, `1 / sqrt(count)` without warm-up) or constant."""
   peak = float(opt_config.learning_rate)
   kind = opt_config.schedule
   warm = warmup_steps(opt_config, num_train_steps)
@@ -68,11 +61,10 @@ def leaf_names(path) -> tuple[str, ...]:
 
 def leaf_gets_decay(path: tuple[str, ...]) -> bool:
   """Whether the parameter at `path` (module names..., leaf name) is weight-decayed: kernels
-  and embeddings are; norm scales/biases and gains are not; any other leaf name is an error
-  (a new parameter kind is classified on purpose, not decayed by accident)."""
-  if path[-1] in DECAYED_LEAVES:
+  and embeddings are, norm scales/biases and gains not; another leaf name is an error."""
+  if path[-1] in ("kernel", "embedding"):
     return True
-  if path[-1] in UNDECAYED_LEAVES or path[-1].endswith(GAIN_SUFFIX):
+  if path[-1] in ("scale", "bias") or path[-1].endswith(GAIN_SUFFIX):
     return False
   raise ValueError(
       f"Parameter {'/'.join(path)!r} has a leaf name the weight-decay mask does not know: "
@@ -107,9 +99,9 @@ def _muon_dimension_numbers(params):
 
 
 def scale_to_rms(rms: float) -> optax.GradientTransformation:
-  """Multiplies each orthogonalised [.., fan_in, fan_out] update by sqrt(max(fan_in, fan_out))
-  * rms: an orthogonal matrix's entries have RMS 1/sqrt(max(fan_in, fan_out)), so the update's
-  RMS becomes `rms`, as AdamW's roughly is (Liu et al. 2025, "Muon is scalable")."""
+  """Each orthogonalised [.., fan_in, fan_out] update (entries of RMS 1/sqrt(max(fan_in,
+  fan_out))) times sqrt(max(fan_in, fan_out)) * rms: RMS `rms`, as AdamW's roughly is (Liu et
+  al. 2025, "Muon is scalable")."""
   def scale(updates, params=None):
     del params
     return jax.tree.map(lambda u: u * (max(u.shape[-2:]) ** 0.5 * rms), updates)
@@ -130,8 +122,7 @@ def muon(o, learning_rate: optax.Schedule) -> optax.GradientTransformation:
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
-  """Global-norm clipping (when `optimizer.grad_clip_norm` > 0), then `optimizer.name`: masked
-  AdamW, or Muon with the same schedule and decay mask."""
+  """Global-norm clipping (when `optimizer.grad_clip_norm` > 0), then `optimizer.name`."""
   o = config.optimizer
   name = o.get("name", "adamw")   # configs saved before the field existed: adamw
   schedule = make_schedule(o, config.num_train_steps)
@@ -148,8 +139,8 @@ def make_optimizer(config) -> optax.GradientTransformation:
 
 
 def micro_batches(batch: dict, num_micro: int) -> dict:
-  """[B, ...] leaves -> [k, B/k, ...]; micro-batch i holds rows i, i+k, i+2k, ... (strided, so
-  each micro-batch stays evenly sharded along the batch axis)."""
+  """[B, ...] leaves -> [k, B/k, ...]; micro-batch i holds rows i, i+k, ... (strided: each
+  stays evenly sharded along the batch axis)."""
   def split(x):
     if x.shape[0] % num_micro:
       raise ValueError(f"A batch of {x.shape[0]} rows does not split into grad_accum_steps="
@@ -160,11 +151,8 @@ def micro_batches(batch: dict, num_micro: int) -> dict:
 
 
 def accumulate_gradients(sum_grad_fn: Callable, params, batch: dict, num_micro: int):
-  """Sums `sum_grad_fn(params, micro_batch, index) -> (grads, sums)` over `num_micro` parts.
-
-  With gradients of a *sum* over rows and scalar sums (loss, token count), the result equals
-  `sum_grad_fn` on the whole batch up to float summation order; `num_micro == 1` calls it once.
-  """
+  """Sums `sum_grad_fn(params, micro_batch, index) -> (grads, sums)` over `num_micro` parts:
+  for gradients of a *sum* over rows, `sum_grad_fn` of the whole batch up to summation order."""
   if num_micro == 1:
     return sum_grad_fn(params, batch, jnp.int32(0))
   parts = micro_batches(batch, num_micro)

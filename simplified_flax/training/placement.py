@@ -1,13 +1,12 @@
 """Where the computation runs: the mesh, shardings, pmap mode, placing batches.
 
-`config.parallel.mode` "jit": one `jax.jit` over a ("data", "fsdp") mesh; the batch is split
-over all devices, each process handing in its own rows; the state is replicated or, with
-`parallel.fsdp > 1`, each large leaf sharded along "fsdp" (ZeRO-3 style). "pmap": `jax.pmap`
-over the local devices; the state has a leading device axis, the batch is [devices, rows per
-device, ...] and the step averages with `lax.pmean`. The config is checked before (runs/).
+`parallel.mode` "jit": one `jax.jit` over a ("data", "fsdp") mesh; each process hands in its
+own rows of the batch; the state is replicated or, with `parallel.fsdp > 1`, each large leaf
+sharded along "fsdp" (ZeRO-3 style). "pmap": `jax.pmap` over the local devices; the state has
+a leading device axis, the batch is [devices, rows per device, ...].
 """
 import dataclasses
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -63,21 +62,15 @@ def state_shardings(abstract_state, mesh: Mesh):
 @dataclasses.dataclass
 class Placement:
   """Runs pure `step(state, batch)` functions on the devices in the mode `from_config` chose;
-  the loop calls only these methods, never asks which mode it holds:
-
-    shard_state(state)        a single-copy state (host or device) -> the compiled step's
-    host_state(state)         one copy of the state, for checkpointing
-    restore_target(abstract)  shape, dtype and sharding of every leaf as a restore gives them
-    place_batch(rows)         this process's rows -> the compiled step's (on a feeder thread)
-    compile_step(step_fn, abstract, returns_state=True)   `step_fn(state, batch, axis_name)`
-                              as `f(state, batch)`; with `returns_state` it returns
-                              (new_state, outputs) and the old state is donated
-    host_metrics(metrics)     device metrics -> host numpy scalars
+  the loop calls only the methods, never asks which mode it holds. `shard_state`: a single-copy
+  state -> the compiled step's; `host_state`: one copy, for checkpointing; `restore_target`:
+  every leaf's shape, dtype and sharding as a restore gives them; `place_batch`: this process's
+  rows -> the compiled step's; `compile_step(step_fn, abstract, returns_state)`: `step_fn(state,
+  batch, axis_name)` as `f(state, batch)`, returning (new_state, outputs) with the old state
+  donated when `returns_state`; `host_metrics`: device metrics -> host numpy scalars.
   """
   global_rows: int               # config.batch_size
   mesh: Mesh | None = None       # JitPlacement only
-  mode: ClassVar[str]
-  axis_name: ClassVar[str | None]   # the collective axis the step functions reduce over
 
   @staticmethod
   def from_config(config) -> "Placement":
@@ -87,9 +80,8 @@ class Placement:
 
 
 class JitPlacement(Placement):
-  """One `jax.jit` over the (data, fsdp) mesh; the state is global arrays throughout."""
-  mode = "jit"
-  axis_name = None   # XLA inserts the collectives
+  """One `jax.jit` over the (data, fsdp) mesh (XLA inserts the collectives); the state is
+  global arrays throughout."""
 
   def shard_state(self, state):
     return jax.device_put(state, state_shardings(state, self.mesh))
@@ -108,9 +100,8 @@ class JitPlacement(Placement):
             for k, v in local_batch.items()}
 
   def compile_step(self, step_fn, abstract_state, returns_state=True):
-    """The state keeps the shardings of `abstract_state`; outputs are replicated. The step is
-    traced under the mesh, so kernels XLA cannot partition (TPU splash attention) can
-    `shard_map` themselves over it (model/attention_kernels.py)."""
+    """The state keeps the shardings of `abstract_state`; outputs are replicated. Traced under
+    the mesh, so that TPU splash attention can `shard_map` itself (model/attention_kernels.py)."""
     shardings = state_shardings(abstract_state, self.mesh)
     replicated = NamedSharding(self.mesh, P())
     abstract_mesh = self.mesh.abstract_mesh
@@ -128,9 +119,8 @@ class JitPlacement(Placement):
 
 
 class PmapPlacement(Placement):
-  """`jax.pmap` over the local devices; every leaf carries a leading device axis."""
-  mode = "pmap"
-  axis_name = PMAP_AXIS
+  """`jax.pmap` over the local devices, the steps reducing over PMAP_AXIS; every leaf carries
+  a leading device axis."""
 
   def shard_state(self, state):
     n = jax.local_device_count()

@@ -6,11 +6,9 @@
     diag = jax.jit(diagnostics_step)(state, batch)                 # diagnostics scalars
 
 A decoder batch is {"inputs": int32[B, T]} (+ optional "segment_ids"); an encoder batch adds
-"targets", "weights" (+ optional "key_mask"). The steps are pure and jittable; under `jax.pmap`
-pass `axis_name` and they average gradients and losses with `lax.pmean`. With
-`model.loss_vocab_chunk_size` > 0 (the default) the loss scores the final hidden states against
-the tied embedding chunk by chunk (chunked_loss.py), never holding the [B, T, V] logits; 0
-scores the model's full float32 logits.
+"targets", "weights" (+ optional "key_mask"). Under `jax.pmap` pass `axis_name`: the steps then
+average gradients and losses with `lax.pmean`. The loss reads the chunked tied head
+(chunked_loss.py) unless `model.loss_vocab_chunk_size` is 0 (the full float32 logits).
 """
 import dataclasses
 from typing import Any, Callable
@@ -54,10 +52,9 @@ class TrainState:
 
 
 def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
-  """A fresh state (model init from `rng`, step 0), with a `mesh` made in its shardings.
-  `model` defaults to `build_model(config.model, config.dtype)`; any linen module with the
-  same call signature works (GLUE's classifier). `config` is checked already
-  (`runs.config_checks.validate_run_config`)."""
+  """A fresh state (model init from `rng`, step 0) of a checked config, made in the shardings
+  of `mesh` if given. `model` (default `build_model(config.model, config.dtype)`) may be any
+  linen module with the same call signature (GLUE's classifier)."""
   if config.model.vocab_size is None:   # the one field a checked config may leave unset
     raise ValueError("model.vocab_size is unset: set it to the tokenizer's vocabulary size "
                      "(the training script does this from config.data).")
@@ -118,10 +115,10 @@ def train_step(state: TrainState, batch: dict, axis_name: str | None = None,
                loss_fn: LossFn | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimiser update on the weighted-mean loss of `batch` (all rows of all devices).
 
-  `loss_fn` defaults to the model's token loss (GLUE passes its task loss). Gradients of the
-  summed loss are added over micro-batches and devices before dividing by the summed weight,
-  so accumulation and data parallelism give the update of one big batch. Metrics: "loss"
-  (before the update), "grad_norm" (before clipping), "learning_rate" (of this update).
+  `loss_fn` defaults to the model's token loss (GLUE passes its task loss). Summed gradients
+  are added over micro-batches and devices before dividing by the summed weight: the update of
+  one big batch. Metrics: "loss" (before the update), "grad_norm" (before clipping),
+  "learning_rate" (of this update).
   """
   loss_fn = loss_fn or _loss_sums
   step_key = jax.random.fold_in(state.rng, state.step)
