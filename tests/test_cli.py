@@ -90,6 +90,13 @@ def test_sigterm_during_start_up_exits_0_with_a_message(tmp_path):
   assert not os.path.exists(tmp_path / "run" / "checkpoints")
 
 
+def test_evaluate_on_a_folder_that_is_no_run_is_one_line(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "simplified_flax.evaluate",
+                         f"--workdir={tmp_path / 'missing'}"], cwd=REPO, env=subprocess_env(),
+                        capture_output=True, text=True, timeout=120)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == cli.OTHER_ERROR and len(lines) == 1, lines[-20:]
+  assert "config.json does not exist" in lines[0] and "--workdir of a training run" in lines[0]
 
 def test_an_unprepared_tfds_dataset_without_network_fails_before_tfds_is_asked(tmp_path,
                                                                              monkeypatch):

@@ -53,8 +53,8 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config a training run wrote to `<workdir>/config.json`."""
   path = epath.Path(workdir) / CONFIG_FILE     # epath: the workdir may be gs://...
   if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist: is {workdir!r} the --workdir of a "
-                            f"training run?")
+    raise checkpoints.WorkdirError(f"{path} does not exist: is {workdir!r} the --workdir of a "
+                                   f"training run?")
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
@@ -72,7 +72,7 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
   """checkpoints.Restored: the newest intact checkpoint of `workdir` (or `step`), read without
   creating, cleaning up or moving anything. `config` (`load_config`) must have the saved
   parameter shapes (else IncompatibleCheckpointError); `target` gives the shardings (default:
-  this process's first device). Raises FileNotFoundError without a checkpoint."""
+  this process's first device). Raises checkpoints.WorkdirError without a checkpoint."""
   if target is None:
     abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(0)))
     target = first_device_target(abstract)
@@ -83,8 +83,8 @@ def restore_read_only(workdir: str, config, target=None, step: int | None = None
   finally:
     manager.close()
   if restored is None:
-    raise FileNotFoundError(f"No checkpoint under {workdir}/checkpoints yet: train first "
-                            f"(python -m simplified_flax.train --workdir={workdir} ...).")
+    raise checkpoints.WorkdirError(f"No checkpoint under {workdir}/checkpoints yet: train first "
+                                   f"(python -m simplified_flax.train --workdir={workdir} ...).")
   return restored
 
 
