@@ -9,8 +9,8 @@ Library use: `train_and_evaluate(config, workdir)`, or the pure steps of trainin
 from simplified_flax import cli
 
 if __name__ == "__main__":
-  from simplified_flax.runs import supervisor  # pylint: disable=g-import-not-at-top
-  supervisor.supervise_if_multihost("simplified_flax.train")   # a multi-host run: a watched child
+  from simplified_flax.runs import distributed  # pylint: disable=g-import-not-at-top
+  distributed.supervise_if_multihost("simplified_flax.train")   # multi-host: a watched child
   cli.exit_on_sigterm()   # before the slow imports below: SIGTERM in start-up exits 0
 
 # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -61,12 +61,12 @@ def test_config_differences_are_dotted():
 
 
 def test_only_fields_that_change_parameter_shapes_are_named():
-  saved = _config_dict()
   new = _config_dict(n_embd=48, dropout_rate=0.1, vocab_size=70)
   new["optimizer"]["learning_rate"] = 5e-4
-  fields = checkpoints.shape_changing_fields(saved, new)
-  assert fields == ["model.n_embd", "model.vocab_size"]
-  assert checkpoints.shape_changing_fields(saved, _config_dict(dropout_rate=0.1)) == []
+  with pytest.raises(checkpoints.IncompatibleCheckpointError,
+                     match=r"through model.n_embd \(saved 32, now 48\), model.vocab_size "
+                           r"\(saved \d+, now 70\) \(e.g."):
+    checkpoints.check_compatible(_config_dict(), new, "ckpt")
 
 
 def test_check_compatible_raises_naming_fields_and_values():

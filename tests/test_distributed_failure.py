@@ -43,15 +43,15 @@ def test_sigkill_of_one_process_ends_the_other_within_30_s_naming_it(tmp_path, k
 
 
 def test_the_supervisor_joins_only_multihost_runs_and_names_whom_jax_blames():
-  from simplified_flax.runs import supervisor  # pylint: disable=import-outside-toplevel
-  assert not supervisor.joins_multihost_run(["--config=c.py", "--workdir=w"], {})
-  assert supervisor.joins_multihost_run(["--coordinator_address=h:1", "--process_id=1"], {})
-  assert supervisor.joins_multihost_run(["--distributed"], {})
-  assert supervisor.joins_multihost_run([], {"JAX_COORDINATOR_ADDRESS": "h:1"})
+  from simplified_flax.runs import distributed  # pylint: disable=import-outside-toplevel
+  assert not distributed.joins_multihost_run(["--config=c.py", "--workdir=w"], {})
+  assert distributed.joins_multihost_run(["--coordinator_address=h:1", "--process_id=1"], {})
+  assert distributed.joins_multihost_run(["--distributed"], {})
+  assert distributed.joins_multihost_run([], {"JAX_COORDINATOR_ADDRESS": "h:1"})
   unreachable = b"F1201 ... absl::Status: UNAVAILABLE: Failed to send RPC to coordination service"
-  line = supervisor._lost_message(unreachable, ["--process_id=1", "--num_processes=2"], {})
+  line = distributed._lost_message(unreachable, ["--process_id=1", "--num_processes=2"], {})
   assert line.startswith("Lost process 0 (the coordinator) of the 2-process run; process 1 "
                          "stops too."), line
   timeout = b"F1201 ... Task /job:jax_worker/replica:0/task:2 heartbeat timeout"
-  line = supervisor._lost_message(timeout, [], {"JAX_PROCESS_ID": "0", "JAX_NUM_PROCESSES": "4"})
+  line = distributed._lost_message(timeout, [], {"JAX_PROCESS_ID": "0", "JAX_NUM_PROCESSES": "4"})
   assert line.startswith("Lost process 2 of the 4-process run; process 0 stops too."), line

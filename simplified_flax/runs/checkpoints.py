@@ -2,10 +2,14 @@
 with the state's `fingerprint`): saved asynchronously and renamed into place only once whole;
 restored from the latest step whose fingerprint matches (bad steps are reported, the previous
 one tried, and once a good one is found the bad ones are moved to `corrupt_checkpoints/`,
-never deleted); a config that changes parameter shapes is refused naming the fields.
+never deleted); a config that changes parameter shapes is refused naming the fields. A stop
+asked of the running loop (`StopRequest`: SIGTERM in a single-process run, or JAX's multi-host
+preemption sync point) makes it save at its next step and return (README, "Resuming").
 """
 import dataclasses
 import os
+import signal
+import threading
 import time
 from typing import Any
 
@@ -129,26 +133,18 @@ def config_differences(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:
   return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
-def shape_changing_fields(saved: dict, new: dict) -> list[str]:
-  """[] when both configs give the same parameter shapes, else the differing model fields
-  that can change them (not numbers on both sides: rates and epsilons shape nothing)."""
+def check_compatible(saved: dict, new: dict, where: str) -> None:
+  """IncompatibleCheckpointError when `saved` and `new` shape parameters differently, naming
+  the differing model fields that can (not numbers on both sides: rates and epsilons shape
+  nothing); the other differences are logged."""
   diffs = config_differences(saved, new)
   model_diffs = [k for k in diffs if k.startswith("model.")]
-  if not model_diffs or parameter_shapes(saved) == parameter_shapes(new):
-    return []
-  culprits = [k for k in model_diffs if not all(isinstance(v, float) for v in diffs[k])]
-  return culprits or model_diffs
-
-
-def check_compatible(saved: dict, new: dict, where: str) -> None:
-  """IncompatibleCheckpointError when `saved` and `new` shape parameters differently; the
-  other differences are logged."""
-  diffs = config_differences(saved, new)
-  culprits = shape_changing_fields(saved, new)
-  if culprits:
-    listing = ", ".join(f"{k} (saved {diffs[k][0]!r}, now {diffs[k][1]!r})" for k in culprits)
-    # The first parameter (in path order) whose shape differs; a None shape is absent.
-    shapes = config_differences(parameter_shapes(saved), parameter_shapes(new))
+  # {parameter path: (saved shape, new shape)} of the differing ones; a None shape is absent.
+  shapes = model_diffs and config_differences(parameter_shapes(saved), parameter_shapes(new))
+  if shapes:
+    culprits = [k for k in model_diffs if not all(isinstance(v, float) for v in diffs[k])]
+    listing = ", ".join(f"{k} (saved {diffs[k][0]!r}, now {diffs[k][1]!r})"
+                        for k in culprits or model_diffs)
     path, (was, now) = next(iter(shapes.items()))
     was, now = ("absent" if shape is None else shape for shape in (was, now))
     raise IncompatibleCheckpointError(
@@ -226,3 +222,23 @@ def set_aside(manager: ocp.CheckpointManager, destinations: dict[int, epath.Path
       storage.move_folder(epath.Path(manager.directory) / str(step), dest)
   multihost_utils.sync_global_devices(f"set_aside_{'_'.join(map(str, destinations))}")
   manager.reload()
+
+
+class StopRequest:
+  """Whether a stop was asked: SIGTERM (handled in a single-process run's main thread until
+  `close`) or the manager's preemption sync point (a TPU preemption notice, or SIGTERM on any
+  host), which `requested(step)` must reach at every step on every host."""
+
+  def __init__(self, manager: ocp.CheckpointManager):
+    self._manager = manager
+    self._flag = threading.Event()
+    self._previous = None
+    if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._flag.set())
+
+  def requested(self, step: int) -> bool:
+    return self._manager.reached_preemption(step) or self._flag.is_set()
+
+  def close(self) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)

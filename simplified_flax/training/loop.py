@@ -16,7 +16,6 @@ from simplified_flax.runs import data_preflight
 from simplified_flax.runs import metrics_io
 from simplified_flax.runs import nonfinite
 from simplified_flax.runs import resume
-from simplified_flax.runs import stop_request
 from simplified_flax.runs import workdir_lock
 from simplified_flax.runs.nonfinite import NonFiniteLossError
 from simplified_flax.training.evaluation import input_pipeline, run_eval
@@ -97,7 +96,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   progress = metrics_io.Progress(total_steps=config.num_train_steps, start_step=start.step,
                                  tokens_per_step=config.batch_size * config.model.context_length,
                                  elapsed_before=start.elapsed_s)
-  stop = stop_request.StopRequest(manager)
+  stop = checkpoints.StopRequest(manager)
   pending = _PendingMetrics(config, workdir, placement, manager, writer, progress)
 
   # Step s dispatches before step s-1's metrics are read; the host waits for the device only
