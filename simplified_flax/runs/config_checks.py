@@ -32,27 +32,25 @@ def one_of(value, allowed, field: str) -> None:
   require(value in allowed, f"{field}={value!r} is unknown: use one of {list(allowed)}.")
 
 
-def _int_at_least(config, field: str, low: int, meaning: str = "", prefix: str = "", *,
-                  unset: str = "") -> None:
-  """An integer >= low; given `unset` (what None means), None too."""
-  value = attrgetter(field)(config)
-  is_int = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-  require((unset and value is None) or (is_int and value >= low),
-          f"{prefix}{field}={value!r} must be {f'unset ({unset}) or ' if unset else ''}an "
-          f"integer >= {low}{meaning}.")
-
-
 def _in_range(config, field: str, low: float, high: float | None = None, *,
               low_open: bool = False, high_open: bool = False, meaning: str = "",
-              prefix: str = "") -> None:
-  """A number in [low, high] (the open ends as asked; high=None: no upper bound)."""
+              prefix: str = "", integer: bool = False, unset: str = "") -> None:
+  """A number (`integer`: an integer) in [low, high], the open ends as asked (high=None: no
+  upper bound); given `unset` (what None means), None too."""
   value = attrgetter(field)(config)
-  number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-  ok = number and (value > low if low_open else value >= low) and (
-      high is None or (value < high if high_open else value <= high))
+  kind, noun = (numbers.Integral, "an integer") if integer else (numbers.Real, "a number")
+  ok = isinstance(value, kind) and not isinstance(value, bool) and (
+      value > low if low_open else value >= low) and (
+          high is None or (value < high if high_open else value <= high))
   bound = (f"{'>' if low_open else '>='} {low}" if high is None else
            f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}")
-  require(ok, f"{prefix}{field}={value!r} must be a number {bound}{meaning}.")
+  require((unset and value is None) or ok, f"{prefix}{field}={value!r} must be "
+          f"{f'unset ({unset}) or ' if unset else ''}{noun} {bound}{meaning}.")
+
+
+def _int_at_least(config, field: str, low: int, meaning: str = "", prefix: str = "", *,
+                  unset: str = "") -> None:
+  _in_range(config, field, low, meaning=meaning, prefix=prefix, integer=True, unset=unset)
 
 
 def validate_run_config(config, device_count: int | None = None) -> None:
