@@ -63,20 +63,14 @@ def _drop_orbax_background_tracebacks(record) -> bool:
 def _drop_closed_loop_reports() -> None:
   """After such a failed write, tensorstore's callbacks still post to the event loop Orbax has
   closed: their reports ("Event loop is closed"), raised or unraisable, are dropped."""
-  excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
-
-  def closed(error: BaseException | None) -> bool:
-    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
-
-  def hook(kind, value, tb):
-    if not closed(value):
-      excepthook(kind, value, tb)
-
-  def unraisable_hook(unraisable):
-    if not closed(unraisable.exc_value):
-      unraisablehook(unraisable)
-
-  sys.excepthook, sys.unraisablehook = hook, unraisable_hook
+  def unless_closed(hook, error_of):
+    def filtered(*args):
+      error = error_of(*args)
+      if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+        hook(*args)
+    return filtered
+  sys.excepthook = unless_closed(sys.excepthook, lambda kind, value, tb: value)
+  sys.unraisablehook = unless_closed(sys.unraisablehook, lambda report: report.exc_value)
 
 
 def exit_on_sigterm() -> None:

@@ -19,6 +19,7 @@ PEER_LOSS_TEXT = ("Connection closed by peer", "Connection reset by peer", "hear
 
 _exiting = threading.Lock()
 _started = None          # when the watchdog started (None: single-process, or not started)
+_me = (0, 1)             # (this process's index, process count) once the watchdog started
 _done = threading.Event()
 
 
@@ -31,19 +32,13 @@ def _client():
   return distributed.global_state.client
 
 
-def _process():
-  import jax  # pylint: disable=import-outside-toplevel
-  return jax.process_index(), jax.process_count()
-
-
 def start_watchdog() -> None:
   """Starts this process's heartbeat and watchdog thread (after jax.distributed.initialize)."""
-  global _started
-  index, count = _process()
-  if count > 1 and _started is None:
-    _started = time.time()
-    threading.Thread(target=_watch, args=(index, count), daemon=True,
-                     name="multihost-watchdog").start()
+  global _started, _me
+  import jax  # pylint: disable=import-outside-toplevel  (cli imports this module before JAX)
+  if jax.process_count() > 1 and _started is None:
+    _started, _me = time.time(), (jax.process_index(), jax.process_count())
+    threading.Thread(target=_watch, args=_me, daemon=True, name="multihost-watchdog").start()
 
 
 def mark_done() -> None:
@@ -52,7 +47,7 @@ def mark_done() -> None:
   _done.set()
   if _started is not None:
     try:
-      _client().key_value_set(_DONE_KEY.format(_process()[0]), "1", allow_overwrite=True)
+      _client().key_value_set(_DONE_KEY.format(_me[0]), "1", allow_overwrite=True)
     except Exception:  # pylint: disable=broad-except
       pass   # the coordinator is already gone: nobody is left to tell
 
@@ -107,14 +102,13 @@ def explain(errors) -> PeerLostError | None:
   None, at once in a single-process run."""
   if _started is None or not any(text in str(e) for e in errors for text in PEER_LOSS_TEXT):
     return None
-  index, count = _process()
   deadline = time.time() + LOST_AFTER_S + HEARTBEAT_EVERY_S
   while time.time() < deadline:
-    lost = lost_processes(index, count)
+    lost = lost_processes(*_me)
     if lost:
-      return PeerLostError(message(index, count, lost))
+      return PeerLostError(message(*_me, lost))
     time.sleep(0.5)
-  return PeerLostError(message(index, count, ["another process (a collective failed)"]))
+  return PeerLostError(message(*_me, ["another process (a collective failed)"]))
 
 
 def stop(error: PeerLostError, program: str = "simplified_flax") -> None:

@@ -1,8 +1,7 @@
 """A run's history, written by process 0 through `etils.epath` (the workdir may be gs://):
-`metrics.jsonl` (one JSON object per logged step) and TensorBoard events (`tensorboardX`, no
-TensorFlow). A resume rewrites metrics.jsonl without the rows after the restored step
-(`cut_history`); event files are never rewritten: each run's file starts with a purge step
-that hides what earlier files logged after it. Also the console's progress line.
+`metrics.jsonl` (one JSON object per logged step), cut back on resume (`cut_history`), and
+TensorBoard events (`tensorboardX`, no TensorFlow), never rewritten: each run's file starts
+with a purge step hiding what earlier files logged after it. Also the console's progress line.
 """
 import contextlib
 import io
@@ -67,13 +66,11 @@ def tensorboard_tag(name: str) -> str:
 
 
 class MetricsWriter:
-  """A run's history on process 0 (elsewhere it writes nothing). metrics.jsonl rows: locally
-  appended and flushed row by row, remote rewritten whole (REMOTE_REWRITE_EVERY_S). With
-  `tensorboard`, an event file through tensorboardX's synchronous EventsWriter (its
-  SummaryWriter's flush leaves the queue of its thread unwritten) that opens with a purge at
-  `start_step + 1` (a SessionLog START, as SummaryWriter's `purge_step`): TensorBoard hides
-  what earlier files logged from there on, a killed or rewound run's tail. `config_dict` is
-  the text summary `config` at that step; tags are grouped (`tensorboard_tag`)."""
+  """A run's history on process 0 (elsewhere it writes nothing): metrics.jsonl rows appended and
+  flushed row by row (remote: rewritten whole, REMOTE_REWRITE_EVERY_S); with `tensorboard`, an
+  event file through tensorboardX's synchronous EventsWriter (SummaryWriter's flush leaves its
+  thread's queue unwritten) opening with a purge at `start_step + 1` (a SessionLog START, as
+  `purge_step`) and `config_dict` as the text summary `config` at that step."""
 
   def __init__(self, workdir: str, tensorboard: bool = True, start_step: int = 0,
                config_dict: dict | None = None):
@@ -114,14 +111,12 @@ class MetricsWriter:
         self._event(step, summary=summary.scalar(tensorboard_tag(name), float(value)))
 
   def flush(self) -> None:
-    for file in (self._rows, self._events):
-      if file is not None:
-        file.flush()
+    for file in filter(None, (self._rows, self._events)):
+      file.flush()
 
   def close(self) -> None:
-    for file in (self._rows, self._events):
-      if file is not None:
-        file.close()
+    for file in filter(None, (self._rows, self._events)):
+      file.close()
 
 
 def read_history(path: str) -> list[dict]:

@@ -1,10 +1,8 @@
-"""Where a (re)started run begins (README, "Resuming"). `config.restore_step` None: the latest
-good checkpoint; N: rewind to kept step N (once it has read back intact), moving the later
-steps and metrics.jsonl rows (and a copy of the TensorBoard events) to
-`<workdir>/set_aside/after_step_N_<time>/`, never deleting; 0: start over, setting everything
-aside. The checkpoints saved after a rewind record its restore_step, so rerunning the command
-resumes from the latest step instead of rewinding again. A new config that re-shapes the
-learning-rate schedule gets a console line naming the jump.
+"""Where a (re)started run begins (README, "Resuming"): with `config.restore_step` None the
+latest good checkpoint; N: kept step N, once it reads back intact; 0: start over. A rewind
+moves the later steps and metrics.jsonl rows (and a copy of the TensorBoard events) to
+`<workdir>/set_aside/after_step_N_<time>/`, never deleting; the steps saved after it record its
+restore_step, so a rerun resumes from the latest. A changed schedule gets a console line.
 """
 import dataclasses
 import time
