@@ -1,10 +1,8 @@
 """What every command-line entry point shares: flag parsing, start-up, and one-line errors.
 
 An entry point ends with `cli.run(main, "simplified_flax.train")` instead of `app.run(main)`:
-a user error then prints `<program>: error: <what, where, the fix>` without a traceback
-(`--verbose` adds it) and exits 2 (a bad flag or config value) or 1 (data, workdir,
-checkpoints, a full disk, a non-finite loss, a lost process); a bug keeps its traceback
-(README, "Errors and exit statuses").
+a user error prints `<program>: error: <what, where, the fix>`, no traceback (`--verbose` adds
+it), and exits 2 (a bad flag or config value) or 1 (any other); a bug keeps its traceback.
 """
 import difflib
 import errno

@@ -2,9 +2,8 @@
 the one walker of dotted field paths (`model.n_layer`).
 
 `--config=sas_p:cpu`, `sas_p.py:cpu`, `configs/sas_p.py:cpu` and `path/to/mine.py:cpu` work
-from any folder. A wheel carries the files as the package `simplified_flax.configs`; a checkout
-registers its top-level `configs/` under that name. A user's file is loaded inside that package
-(a copy of a shipped file keeps `from . import sas` working).
+from any folder. The files are the package `simplified_flax.configs` (a checkout registers its
+`configs/` under that name), inside which a user's file loads too (`from . import sas` works).
 """
 import difflib
 import hashlib

@@ -1,10 +1,9 @@
 """Orbax checkpoints `<workdir>/checkpoints/<step>/` (`state`, iterator `data`, `config`, `meta`
-with the state's `fingerprint`): saved asynchronously and renamed into place only once whole;
-restored from the latest step whose fingerprint matches (bad steps are reported, the previous
-one tried, and once a good one is found the bad ones are moved to `corrupt_checkpoints/`,
-never deleted); a config that changes parameter shapes is refused naming the fields. A stop
-asked of the running loop (`StopRequest`: SIGTERM in a single-process run, or JAX's multi-host
-preemption sync point) makes it save at its next step and return (README, "Resuming").
+with the state's `fingerprint`), saved asynchronously and renamed into place only once whole;
+restored from the latest step whose fingerprint matches (bad ones are moved to
+`corrupt_checkpoints/` once a good one is found, never deleted); a config that changes
+parameter shapes is refused naming the fields. `StopRequest`: SIGTERM or a multi-host
+preemption makes the loop save at its next step and return (README, "Resuming").
 """
 import dataclasses
 import os
@@ -161,8 +160,8 @@ def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dic
                    workdir: str, read_only: bool = False,
                    step: int | None = None) -> Restored | None:
   """The newest restorable checkpoint (only `step`, when given) in `target_state`'s shapes,
-  dtypes and shardings; None when there is none, CheckpointError when none is good (a run
-  never silently restarts over unreadable checkpoints). `read_only` moves nothing."""
+  dtypes and shardings; None when there is none, CheckpointError when none is good (never a
+  silent restart over unreadable ones). `read_only` moves nothing."""
   manager.reload()
   steps = sorted(manager.all_steps(), reverse=True)
   if step is not None and step not in steps:
