@@ -51,8 +51,7 @@ def initialize_distributed(coordinator_address: str | None = None,
   to JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID, then (`auto`) to JAX's
   cluster detection."""
   import jax  # pylint: disable=import-outside-toplevel  (supervision runs before JAX)
-  env = os.environ
-  coordinator_address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
+  env = os.environ   # JAX itself reads JAX_COORDINATOR_ADDRESS
   if num_processes is None and "JAX_NUM_PROCESSES" in env:
     num_processes = int(env["JAX_NUM_PROCESSES"])
   if process_id is None and "JAX_PROCESS_ID" in env:
