@@ -73,7 +73,8 @@ def test_install_cell_without_a_source_says_how_to_provide_one(tmp_path, monkeyp
 # ------------------------------------------------------------------------------------------
 RUNTIME = {   # name: (version, requirements), as a Colab image might have them
     "jax": ("0.8.3", ["jaxlib==0.8.3", "numpy>=2.0"]), "jaxlib": ("0.8.3", ["numpy>=2.0"]),
-    "libtpu": ("0.0.20", []), "numpy": ("2.0.2", []), "flax": ("0.12.0", ["jax>=0.7.1"]),
+    "libtpu": ("0.0.20", []), "numpy": ("2.0.2", []), "scipy": ("1.13.0", []),
+    "flax": ("0.12.0", ["jax>=0.7.1"]),
     "optax": ("0.2.5", ["jax>=0.4.27"]),              # older than simplified_flax needs
     "etils": ("1.7.0", []), "tensorboard": ("2.18.0", []), "sentencepiece": ("0.2.0", []),
     "absl-py": ("2.1.0", []),

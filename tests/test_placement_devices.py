@@ -41,7 +41,7 @@ def losses(workdir):
           [r["eval_loss"] for r in rows if "eval_loss" in r])
 
 for name, mode, fsdp in (("jit", "jit", 1), ("pmap", "pmap", 1), ("fsdp", "jit", 2)):
-  run = make_config({**overrides, "placement.mode": mode, "placement.fsdp": fsdp})
+  run = make_config({**overrides, "parallel.mode": mode, "parallel.fsdp": fsdp})
   train_and_evaluate(run, f"{root}/{name}", pipeline=pipeline, tensorboard=False)
   out[name], out[name + "_eval"] = losses(f"{root}/{name}")
   if name != "jit":   # restore in this mode: drop the last checkpoint, resume from step 3
