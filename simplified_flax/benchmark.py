@@ -1,8 +1,7 @@
 """`python -m simplified_flax.benchmark --configs=...`: the throughput benchmark.
 
-The benchmark is a measuring tool kept beside the experiments, in the source checkout's
-`experiments/benchmark.py` (its flags and figures are described there and in the README);
-this entry point runs that script with the same command line.
+A measuring tool kept beside the experiments: this runs the source checkout's
+`experiments/benchmark.py` (flags and figures: there and in the README) with the same argv.
 """
 import pathlib
 import runpy

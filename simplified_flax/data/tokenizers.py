@@ -167,4 +167,3 @@ def build_tokenizer(data_config, workdir: str | None,
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, lambda f: f.write(proto))  # whole or not at all: a resume trusts it
   return SentencePieceTokenizer(proto, os.fspath(path) if path else "<trained in memory>")
-

@@ -84,4 +84,3 @@ def with_pretrained_encoder(state, pretrained):
       raise ValueError(f"The pretrained encoder's {what} do not fit the classifier's encoder: "
                        f"fine-tune with the pretraining run's config.")
   return state.replace(params=params, constants=constants, opt_state=state.tx.init(params))
-

@@ -1,5 +1,4 @@
-"""Decoder LM and encoder MLM models (docs/model.md, "The model"): embeddings, L blocks, final
-LayerNorm, tied head.
+"""Decoder LM and encoder MLM: embeddings, L blocks, final norm, tied head (docs/model.md).
 
     model = build_model(config.model, dtype="bfloat16")
     variables = model.init(jax.random.key(0), tokens_BT)      # {"params", "constants"}
