@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, PartitionSpec as P
 
+from simplified_flax.model import target_platform
+
 Kernel = Literal["splash", "cudnn", "xla"]
 REQUESTS = ("auto", "explicit", "fused")   # the values of model.attention_impl
 KERNEL_ENV = "SIMPLIFIED_FLAX_ATTENTION_KERNEL"
@@ -33,7 +35,7 @@ def resolve_impl(requested: str, *, dtype, soft_capped: bool = False,
   GPU), cuDNN's fused form on GPU, else AUTO_IMPL (explicit where nobody measured)."""
   if requested != "auto":
     return requested
-  backend = backend or jax.default_backend()
+  backend = backend or target_platform.current()
   if soft_capped:
     return "explicit"
   if backend == "gpu":
@@ -42,10 +44,11 @@ def resolve_impl(requested: str, *, dtype, soft_capped: bool = False,
 
 
 def choose_kernel(q_BTHd, k_BTHd, *, mask, backend: str | None = None) -> Kernel:
-  """The kernel `dot_product_attention` uses for these shapes on `backend` (default: JAX's)."""
+  """The kernel `dot_product_attention` uses for these shapes on `backend` (default: the
+  platform the step is compiled for, model/target_platform.py)."""
   if os.environ.get(KERNEL_ENV, "auto") == "xla":
     return "xla"
-  backend = backend or jax.default_backend()
+  backend = backend or target_platform.current()
   Tq, Tk = q_BTHd.shape[1], k_BTHd.shape[1]
   if backend == "tpu" and mask is None and Tq == Tk and Tq % SPLASH_BLOCK == 0:
     return "splash"

@@ -5,7 +5,7 @@ products, not strided loops: `dense`, the kernel gradient as `(dy^T x)^T` rather
 (a fifth of a Pre-LN step at D=768); `fast_gain_gradients`, each per-head gain's gradient as a
 row sum before the (B, Q) sum (a few percent of a SAS step).
 
-The mode ("auto": on the CPU backend only, where they were measured to help; "on"; "off") is
+The mode ("auto": on the CPU platform only, where they were measured to help; "on"; "off") is
 chosen once: `Transformer` traces its body inside `chosen(model.grad_rules)`, and `matmul` and
 the attention read it at trace time (so under jit, scan and remat alike).
 """
@@ -15,6 +15,8 @@ import contextvars
 import jax
 from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
+
+from simplified_flax.model import target_platform
 
 MODES = ("auto", "on", "off")
 _MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
@@ -36,9 +38,9 @@ def chosen(mode: str):
 
 
 def enabled() -> bool:
-  """Whether the rules apply under the chosen mode on the current default backend."""
+  """Whether the rules apply under the chosen mode on the platform the step is compiled for."""
   mode = _MODE.get()
-  return mode == "on" or (mode == "auto" and jax.default_backend() == "cpu")
+  return mode == "on" or (mode == "auto" and target_platform.current() == "cpu")
 
 
 def matmul(x_ND, kernel_DF):

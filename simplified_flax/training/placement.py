@@ -13,6 +13,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from simplified_flax.model import target_platform
+
 DATA, FSDP = "data", "fsdp"
 PMAP_AXIS = "batch"
 # Leaves smaller than this stay replicated under FSDP: sharding them saves nothing.
@@ -73,9 +75,14 @@ class Placement:
   mesh: Mesh | None = None       # JitPlacement only
 
   @staticmethod
-  def from_config(config) -> "Placement":
+  def from_config(config, devices=None) -> "Placement":
+    """`config.parallel`'s placement over `devices` (default: every device of every process;
+    a topology's devices compile ahead of time for hardware this host lacks: jit mode only)."""
     if config.parallel.mode == "jit":
-      return JitPlacement(config.batch_size, make_mesh(config.parallel.fsdp))
+      return JitPlacement(config.batch_size, make_mesh(config.parallel.fsdp, devices))
+    if devices is not None:
+      raise ValueError("parallel.mode='pmap' runs on this host's devices only; compile for "
+                       "other devices with parallel.mode='jit'.")
     return PmapPlacement(config.batch_size)
 
 
@@ -101,13 +108,15 @@ class JitPlacement(Placement):
 
   def compile_step(self, step_fn, abstract_state, returns_state=True):
     """The state keeps the shardings of `abstract_state`; outputs are replicated. Traced under
-    the mesh, so that TPU splash attention can `shard_map` itself (model/attention_kernels.py)."""
+    the mesh, so that TPU splash attention can `shard_map` itself (model/attention_kernels.py),
+    and for the mesh's platform, which the model's hardware choices follow."""
     shardings = state_shardings(abstract_state, self.mesh)
     replicated = NamedSharding(self.mesh, P())
     abstract_mesh = self.mesh.abstract_mesh
+    platform = target_platform.of_devices(self.mesh.devices.flat)
 
     def step_under_mesh(state, batch):
-      with jax.sharding.use_abstract_mesh(abstract_mesh):
+      with jax.sharding.use_abstract_mesh(abstract_mesh), target_platform.compiling_for(platform):
         return step_fn(state, batch)
 
     return jax.jit(step_under_mesh, in_shardings=(shardings, batch_sharding(self.mesh)),

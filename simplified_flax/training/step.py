@@ -55,6 +55,22 @@ def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
   """A fresh state (model init from `rng`, step 0) of a checked config, made in the shardings
   of `mesh` if given. `model` (default `build_model(config.model, config.dtype)`) may be any
   linen module with the same call signature (GLUE's classifier)."""
+  init, rng = _initializer(config, model, rng)
+  abstract = _checked_abstract_state(init, rng)
+  if mesh is None:
+    return jax.jit(init)(rng)
+  return jax.jit(init, out_shardings=placement.state_shardings(abstract, mesh))(rng)
+
+
+def abstract_train_state(config, model=None) -> TrainState:
+  """`create_train_state`'s result as shapes and dtypes (ShapeDtypeStruct leaves), computing
+  nothing: what a step is compiled against ahead of time."""
+  init, rng = _initializer(config, model, jax.random.PRNGKey(config.seed))
+  return _checked_abstract_state(init, rng)
+
+
+def _initializer(config, model, rng):
+  """(`init(rng) -> TrainState`, `rng` as uint32 key data) for `config`."""
   if config.model.vocab_size is None:   # the one field a checked config may leave unset
     raise ValueError("model.vocab_size is unset: set it to the tokenizer's vocabulary size "
                      "(the training script does this from config.data).")
@@ -77,15 +93,17 @@ def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
 
   typed_key = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
   rng = jax.random.key_data(rng) if typed_key else jnp.asarray(rng, jnp.uint32)
+  return init, rng
+
+
+def _checked_abstract_state(init, rng) -> TrainState:
   abstract = jax.eval_shape(init, rng)
   not_f32 = [jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_leaves_with_path(
       abstract.params) if x.dtype != jnp.float32]
   if not_f32:
     raise ValueError(f"Master weights must be float32 (the compute dtype is config.dtype); "
                      f"these are not: {not_f32[:5]}")
-  if mesh is None:
-    return jax.jit(init)(rng)
-  return jax.jit(init, out_shardings=placement.state_shardings(abstract, mesh))(rng)
+  return abstract
 
 
 def apply_model(state: TrainState, params, batch: dict, *, train: bool, key=None, **kwargs):
