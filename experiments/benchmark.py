@@ -45,6 +45,7 @@ from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 
 import configs  # pylint: disable=g-import-not-at-top
 from experiments import step_breakdown  # pylint: disable=g-import-not-at-top
+from simplified_flax.aot.report import flops_per_token  # pylint: disable=g-import-not-at-top
 from simplified_flax import cli  # pylint: disable=g-import-not-at-top
 from simplified_flax.model import parameters  # pylint: disable=g-import-not-at-top
 from simplified_flax.training.step import (  # pylint: disable=g-import-not-at-top
@@ -83,17 +84,6 @@ def random_batch(config, rng) -> Dict[str, Any]:
     return {"inputs": tokens_BT}
   weights_BT = jax.random.bernoulli(jax.random.fold_in(rng, 1), 0.15, shape)
   return {"inputs": tokens_BT, "targets": tokens_BT, "weights": weights_BT.astype(jnp.float32)}
-
-
-def flops_per_token(config, params) -> Dict[str, int]:
-  """6 N (matmul weights + tied head) + 12 L T D (attention), per trained token."""
-  m = config.model
-  matmul_weights = sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-                       if getattr(path[-1], "key", None) == "kernel")
-  head = m.vocab_size * m.n_embd
-  attention = 12 * m.n_layer * m.context_length * m.n_embd
-  return {"matmul_params": matmul_weights + head,
-          "flops_per_token": 6 * (matmul_weights + head) + attention}
 
 
 def memory_bytes(compiled) -> int:

@@ -34,7 +34,7 @@ from typing import Any, Dict
 
 import jax
 
-from experiments import hlo_costs
+from simplified_flax.aot import hlo_costs
 
 PARTS = ("embedding", "attention core", "block matmuls", "norms + other elementwise",
          "head + loss", "optimizer", "other")

@@ -21,8 +21,7 @@ def main(argv) -> None:
   config = cli.start(argv).config
   config_checks.validate_run_config(config)
   if config.model.vocab_size is None:
-    config.model.vocab_size = (tokenizers.ByteTokenizer.vocab_size
-                               if config.data.tokenizer == "byte" else config.data.spm_vocab_size)
+    config.model.vocab_size = tokenizers.untrained_vocab_size(config.data)
   print(json.dumps(count_parameters(config.model, flags.FLAGS.breakdown), indent=1))
 
 

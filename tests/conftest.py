@@ -1,7 +1,14 @@
 """Shared fixtures: tiny model configs of every variant; the `floor` subset."""
-import pytest
+import os
 
-import configs
+# Before JAX is imported: the tests run on the CPU, also where libtpu or the CUDA plugin is
+# installed to compile for those (tests/test_compile.py), as `simplified_flax.compile` does.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+
+import pytest  # pylint: disable=wrong-import-position
+
+import configs  # pylint: disable=wrong-import-position
 
 DECODER_VARIANTS = ("preln", "parallel", "value_skipinit", "sas", "sas_p", "sas_p_nonorm", "op",
                     "naive_skipless")

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from test_loop import REPO
 
 sys.path.insert(0, str(REPO))
-from experiments import hlo_costs  # pylint: disable=wrong-import-position
+from simplified_flax.aot import hlo_costs
 
 
 def test_hlo_costs_count_matmuls_and_loop_trips():

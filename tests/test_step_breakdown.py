@@ -12,7 +12,7 @@ from test_loop import REPO
 
 sys.path.insert(0, str(REPO))
 from experiments import benchmark  # pylint: disable=wrong-import-position
-from experiments import hlo_costs  # pylint: disable=wrong-import-position
+from simplified_flax.aot import hlo_costs
 from experiments import step_breakdown  # pylint: disable=wrong-import-position
 
 

@@ -21,6 +21,14 @@ PAD_ID, EOD_ID, MASK_ID = 0, 1, 2
 TOKENIZER_FILENAME = "tokenizer.model"
 
 
+def untrained_vocab_size(data_config) -> int:
+  """The vocabulary size of `data.tokenizer` known without a corpus: 259 for bytes, else the
+  size it will be trained to (`data.spm_vocab_size`)."""
+  if data_config.tokenizer == "byte":
+    return ByteTokenizer.vocab_size
+  return data_config.spm_vocab_size
+
+
 class ByteTokenizer:
   """The UTF-8 bytes 0..255 as ids 3..258; decoding replaces invalid UTF-8 with U+FFFD."""
   pad_id, eod_id, mask_id = PAD_ID, EOD_ID, MASK_ID

@@ -90,7 +90,7 @@ def _train(config, workdir: str, *, pipeline, model, tensorboard: bool) -> Train
   state = placement.shard_state(state if start.state is None else start.state)
 
   # Compiled steps, input feeding, the run's history.
-  train_fn, eval_fn, diagnostics_fn = _compile_steps(config, model, placement, abstract_state)
+  train_fn, eval_fn, diagnostics_fn = compile_steps(config, model, placement, abstract_state)
   iterator, feeder = _feed(pipeline, placement, start.data_state, config.data.prefetch)
   writer = metrics_io.MetricsWriter(workdir, tensorboard, start.step, config_dict)
   progress = metrics_io.Progress(total_steps=config.num_train_steps, start_step=start.step,
@@ -184,7 +184,7 @@ class _PendingMetrics:
     self.diagnostics.clear()
 
 
-def _compile_steps(config, model, placement, abstract_state):
+def compile_steps(config, model, placement, abstract_state):
   """(train, eval, diagnostics) steps compiled for `placement`; diagnostics is None unless
   `config.diagnostics_every` > 0."""
   train_fn = placement.compile_step(train_step, abstract_state)

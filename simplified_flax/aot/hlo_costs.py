@@ -1,5 +1,11 @@
 """FLOPs and bytes of each kernel of a compiled XLA program, read from its optimized HLO text.
 
+    roofline_seconds(program, peak_flops, hbm_bytes_per_s)   # the step's lower bound
+
+The rules are the same for NVIDIA and TPU programs (a TPU's matmuls are convolutions inside
+its fusions). The roofline sums, over kernels and their runs, max(FLOPs / peak FLOP/s, bytes /
+HBM bandwidth): each kernel at the better of its two ceilings, kernels one after another.
+
     program = parse(compiled.as_text())
     for name, op in program.kernels.items():   # every instruction that runs as a kernel
       op.flops, op.bytes, op.runs, op.op_name, op.is_matmul
@@ -113,13 +119,27 @@ def _parse_instruction(line: str, computation: str) -> Optional[Instruction]:
 
 
 def _contracted(inst: Instruction, shapes: Dict[str, str]) -> int:
-  """Product of the lhs's contracted dimensions of a dot or GEMM custom call."""
+  """Product of the lhs's contracted dimensions of a dot or GEMM custom call; for a
+  convolution (TPU programs write their matmuls as convolutions) the kernel's input-feature
+  size times its window (`dim_labels=0bf_io0->0bf`: the rhs's `i`)."""
+  if inst.opcode == "convolution":
+    return _convolution_contracted(inst, shapes)
   found = (re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", inst.attrs) or
            re.search(r'"lhs_contracting_dimensions":\[([0-9",]*)\]', inst.attrs))
   lhs = _dims(shapes.get(inst.operands[0], "")) if inst.operands else []
   if not found or not lhs:
     return 0
   return math.prod(lhs[int(d)] for d in found.group(1).replace('"', "").split(",") if d)
+
+
+def _convolution_contracted(inst: Instruction, shapes: Dict[str, str]) -> int:
+  labels = re.search(r"dim_labels=[^_]*_([^-]*)->", inst.attrs)
+  rhs = _dims(shapes.get(inst.operands[1], "")) if len(inst.operands) > 1 else []
+  if not labels or len(labels.group(1)) != len(rhs) or "i" not in labels.group(1):
+    return 0
+  window = re.search(r"window=\{size=([0-9x]+)", inst.attrs)
+  taps = math.prod(int(w) for w in window.group(1).split("x")) if window else 1
+  return rhs[labels.group(1).index("i")] * taps
 
 
 def _is_gemm(inst: Instruction) -> bool:
@@ -195,3 +215,26 @@ def _runs_per_computation(entry, computations, called) -> Dict[str, int]:
         runs[child] = runs[parent] * trips
         stack.append(child)
   return runs
+
+
+def totals(program: Program) -> Dict[str, float]:
+  """The program's FLOPs and bytes per call, all kernels and the matmul kernels alone."""
+  sums = {"flops": 0.0, "bytes": 0.0, "matmul_flops": 0.0, "matmul_bytes": 0.0}
+  for op in program.kernels.values():
+    sums["flops"] += op.flops * op.runs
+    sums["bytes"] += op.bytes * op.runs
+    if op.is_matmul:
+      sums["matmul_flops"] += op.flops * op.runs
+      sums["matmul_bytes"] += op.bytes * op.runs
+  return sums
+
+
+def kernel_seconds(op: Instruction, peak_flops: float, hbm_bytes_per_s: float) -> float:
+  """One run of `op` at the better of its two ceilings."""
+  return max(op.flops / peak_flops, op.bytes / hbm_bytes_per_s)
+
+
+def roofline_seconds(program: Program, peak_flops: float, hbm_bytes_per_s: float) -> float:
+  """The step's roofline: every kernel's `kernel_seconds`, times its runs, added up."""
+  return sum(kernel_seconds(op, peak_flops, hbm_bytes_per_s) * op.runs
+             for op in program.kernels.values())

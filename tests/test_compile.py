@@ -1,0 +1,150 @@
+"""`python -m simplified_flax.compile`: a tiny model's steps compiled, on this CPU, for a 4-chip
+TPU v5e (libtpu) and an H100 (jax's CUDA plugin), with no accelerator (README, "Compile for
+your accelerator"). Tests that need a compiler skip where it is missing, and fail instead
+under SIMPLIFIED_FLAX_REQUIRE_AOT=1 (CI's accelerator-compiler step)."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from simplified_flax.aot import programs
+from simplified_flax.aot import report
+from simplified_flax.aot import targets
+from simplified_flax.model import attention_kernels
+from simplified_flax.model import grad_rules
+from simplified_flax.model import target_platform
+from test_loop import REPO, subprocess_env
+
+TINY = {"model.n_layer": 2, "model.n_embd": 64, "model.n_head": 2, "model.context_length": 128,
+        "model.vocab_size": 97, "batch_size": 8, "dtype": "bfloat16"}
+
+
+def _needs(platform: str) -> None:
+  if targets._installed(platform):  # pylint: disable=protected-access
+    return
+  extra = targets.TPU_EXTRA if platform == "tpu" else targets.GPU_EXTRA
+  why = f"the {platform} compiler is not installed (pip install 'simplified_flax[{extra}]')"
+  if os.environ.get("SIMPLIFIED_FLAX_REQUIRE_AOT"):
+    pytest.fail(why)
+  pytest.skip(why)
+
+
+def _tiny(variant="sas_p", **overrides):
+  from simplified_flax import configs  # pylint: disable=import-outside-toplevel
+  return configs.load(variant, dict(TINY, **overrides))
+
+
+@pytest.fixture(scope="module")
+def tpu_steps():
+  _needs("tpu")
+  return programs.compile_for(_tiny(), targets.parse("v5e-4"))
+
+
+@pytest.fixture(scope="module")
+def gpu_steps():
+  _needs("gpu")
+  return programs.compile_for(_tiny(), targets.parse("h100"))
+
+
+def test_a_tpu_program_compiled_on_a_cpu_host_holds_splash_under_shard_map(tpu_steps):
+  assert jax.default_backend() == "cpu"
+  hlo = tpu_steps.train.as_text()
+  assert report.attention_kernel(hlo) == "splash"
+  assert report.attention_kernel(tpu_steps.eval.as_text()) == "splash"
+  assert len(tpu_steps.devices) == 4 and tpu_steps.devices[0].platform == "tpu"
+  # The batch is split over the 4 chips: each runs the kernel on its own 2 rows.
+  assert "bf16[2,2,128,32]" in hlo or "bf16[2,128,2,32]" in hlo
+
+
+def test_a_gpu_program_calls_cudnn_attention(gpu_steps):
+  hlo = gpu_steps.train.as_text()
+  assert "__cudnn$fmhaSoftmax" in hlo and "__cudnn$fmhaSoftmaxBackward" in hlo
+  assert report.attention_kernel(hlo) == "cudnn"
+
+
+def test_the_json_report_has_every_key_and_consistent_figures(tpu_steps, gpu_steps):
+  for steps in (tpu_steps, gpu_steps):
+    summary = report.summarize(steps, steps.config)
+    assert set(report.KEYS) <= set(summary)
+    json.dumps(summary)   # JSON-able as it is
+    memory = summary["memory_per_device_bytes"]
+    assert set(memory["arguments"]) >= {"params", "optimizer_state", "batch"}
+    assert {"temporaries", "outputs", "code"} <= set(memory)
+    assert summary["fits"] and memory["total"] < summary["device_memory_bytes"]
+    assert summary["flops_per_device"] > 0 and summary["roofline_step_s"] > 0
+    assert 0 < summary["mfu_bound"] < 1
+  tpu = report.summarize(tpu_steps, tpu_steps.config)
+  gpu = report.summarize(gpu_steps, gpu_steps.config)
+  # Same model and batch: a v5e chip holds a quarter of the rows, and of the FLOPs.
+  assert tpu["flops_per_device"] * 4 == pytest.approx(gpu["flops_per_device"], rel=0.1)
+  # The float32 master weights: 4 bytes a parameter, replicated on each chip.
+  assert tpu["memory_per_device_bytes"]["arguments"]["params"] == \
+      gpu["memory_per_device_bytes"]["arguments"]["params"]
+
+
+def test_choices_follow_the_platform_compiled_for_not_the_host():
+  with target_platform.compiling_for("tpu"):
+    assert attention_kernels.resolve_impl("auto", dtype="float32") == "fused"
+    assert not grad_rules.enabled()
+  with target_platform.compiling_for("gpu"):
+    assert attention_kernels.resolve_impl("auto", dtype="bfloat16") == "fused"
+    assert attention_kernels.resolve_impl("auto", dtype="float32") == "explicit"
+  assert target_platform.current() == "cpu"
+  assert attention_kernels.resolve_impl("auto", dtype="float32") == "explicit"
+  assert grad_rules.enabled()
+
+
+@pytest.mark.parametrize("name, kwargs, devices, topology", [
+    ("v5e-8", {}, 8, "v5e:2x4"), ("v5litepod-256", {}, 256, "v5e:16x16"),
+    ("v4-8", {}, 4, "v4:2x2x1"), ("v5p-128", {}, 64, "v5p:4x4x4"),
+    ("v6e-1", {}, 1, "v6e:1x1"), ("v5e-8", {"num_slices": 2}, 16, "v5e:2x4"),
+    ("h200", {"num_gpus": 16}, 16, "1x2x8"), ("a100-80gb", {}, 1, "1x1x1")])
+def test_target_names_give_their_devices(name, kwargs, devices, topology):
+  target = targets.parse(name, **kwargs)
+  assert (target.num_devices, target.topology) == (devices, topology)
+
+
+@pytest.mark.parametrize("name, kwargs, says", [
+    ("v5e-6", {}, "power-of-two"), ("tpu-8", {}, "Unknown target"),
+    ("h200", {"num_gpus": 12}, "multiple of 8"), ("v5e", {}, "needs a size"),
+    ("h100", {"num_slices": 2}, "--num_gpus")])
+def test_bad_target_names_say_what_is_known(name, kwargs, says):
+  with pytest.raises(targets.TargetError, match=says):
+    targets.parse(name, **kwargs)
+
+
+def test_a_missing_compiler_names_the_extra_to_install(monkeypatch):
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+
+  def unavailable(**_):
+    raise NotImplementedError("topology not implemented for tpu")
+  monkeypatch.setattr(topologies, "get_topology_desc", unavailable)
+  monkeypatch.setattr(targets, "_installed", lambda platform: False)
+  with pytest.raises(targets.MissingBackendError, match=r"simplified_flax\[tpu\]"):
+    targets.topology_devices(targets.parse("v5e-8"))
+
+
+def _compile_cli(*args):
+  proc = subprocess.run([sys.executable, "-m", "simplified_flax.compile", *args],
+                        cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
+                        timeout=300)
+  return proc.returncode, proc.stdout, proc.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("target", ["v5e-1", "h100"])
+def test_a_step_too_large_for_the_device_is_one_line_and_status_1(target):
+  _needs("tpu" if target.startswith("v") else "gpu")
+  overrides = [f"--config.{k}={v}" for k, v in TINY.items() if k != "batch_size"]
+  # The explicit T x T float32 scores of 4,096 tokens for 256 rows: ~130 GiB of temporaries.
+  status, stdout, stderr = _compile_cli(
+      "--config=sas_p", f"--target={target}", *overrides, "--config.model.context_length=4096",
+      "--config.model.max_position_embeddings=4096", "--config.batch_size=256",
+      "--config.model.attention_impl=explicit")
+  assert status == 1, stderr
+  assert not stdout and len(stderr) == 1
+  assert stderr[0].startswith("simplified_flax.compile: error: The step does not fit on "
+                              f"{target}: ")
+  assert "parallel.fsdp" in stderr[0] and "model.remat" in stderr[0]
