@@ -37,6 +37,12 @@ from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from simplified_flax import cli  # pylint: disable=g-import-not-at-top  (no JAX at import)
+from simplified_flax.aot import targets  # pylint: disable=g-import-not-at-top  (likewise)
+
+if __name__ == "__main__" and cli.flag_value(sys.argv, "target"):
+  targets.prepare_environment()   # before JAX: compile for the target, run nothing here
+
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 import jax  # pylint: disable=g-import-not-at-top
@@ -46,7 +52,9 @@ from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 import configs  # pylint: disable=g-import-not-at-top
 from experiments import step_breakdown  # pylint: disable=g-import-not-at-top
 from simplified_flax.aot.report import flops_per_token  # pylint: disable=g-import-not-at-top
-from simplified_flax import cli  # pylint: disable=g-import-not-at-top
+from simplified_flax.aot import hlo_costs  # pylint: disable=g-import-not-at-top
+from simplified_flax.aot import programs  # pylint: disable=g-import-not-at-top
+from simplified_flax.aot import report  # pylint: disable=g-import-not-at-top
 from simplified_flax.model import parameters  # pylint: disable=g-import-not-at-top
 from simplified_flax.training.step import (  # pylint: disable=g-import-not-at-top
     create_train_state, train_step)
@@ -239,6 +247,27 @@ def table(results: Dict[str, Dict[str, Any]]) -> str:
   return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
 
 
+def compiled_rooflines(specs, overrides: dict, target_name: str,
+                       breakdown: bool) -> Dict[str, Dict[str, Any]]:
+  """Each config compiled for `target_name` (no device): its compile report, printed, with
+  the roofline ratio to the first config and, with `breakdown`, its parts' roofline."""
+  target = targets.parse(target_name)
+  results = {}
+  for spec in specs:
+    compiled = programs.compile_for(load_config(spec, overrides), target)
+    results[spec] = report.summarize(compiled, compiled.config)
+    ratio = next(iter(results.values()))["roofline_step_s"] / results[spec]["roofline_step_s"]
+    print(f"{spec} (x{ratio:.3f} the first config's roofline speed)\n"
+          f"{report.text(results[spec])}\n", flush=True)
+    if breakdown:
+      program = hlo_costs.parse(compiled.train.as_text())
+      parts = step_breakdown.roofline_breakdown(program, target.device.peak_flops,
+                                                target.device.hbm_bytes_per_s)
+      results[spec]["breakdown"] = parts
+      print(step_breakdown.table(spec, parts, parts["op_time_s"]) + "\n", flush=True)
+  return results
+
+
 def define_flags():
   """The command's flags; defined only when run as a command, so that importing this module
   (tests, other experiments) never clashes with another module's `--config`."""
@@ -252,6 +281,9 @@ def define_flags():
                                      "and print the time, FLOPs and bytes of its parts."),
       "matmul_size": flags.DEFINE_integer("matmul_size", 0, "n of the peak [n,n]@[n,n] dot; "
                                           "0: 2048 on CPU, 8192 on accelerators."),
+      "target": flags.DEFINE_string("target", None, "Compile for this accelerator instead of "
+                                    "timing here (simplified_flax.compile's names): the "
+                                    "roofline of each config, by part with --breakdown."),
       "xla_flags": flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS before JAX "
                                        "starts its backend."),
       "config": config_flags.DEFINE_config_file(
@@ -267,6 +299,10 @@ def main(argv, flag):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {extra}".strip()
   overrides = with_flag(dict(config_flags.get_override_values(flags.FLAGS["config"])),
                         "batch_size", flag["batch_size"].value)
+  if flag["target"].value:
+    print(json.dumps(compiled_rooflines(flag["configs"].value, overrides, flag["target"].value,
+                                        flag["breakdown"].value)))
+    return
   runners = [Runner(spec, load_config(spec, overrides)) for spec in flag["configs"].value]
   rounds, steps = flag["rounds"].value, flag["steps"].value
   results = measure(runners, rounds, steps, flag["matmul_size"].value)

@@ -134,6 +134,28 @@ def breakdown(compiled, run, steps: int = 3) -> Dict[str, Any]:
           "method": "jax.profiler kernel times; FLOPs and bytes from the optimized HLO"}
 
 
+def roofline_breakdown(program: hlo_costs.Program, peak_flops: float,
+                       hbm_bytes_per_s: float) -> Dict[str, Any]:
+  """`breakdown`'s dict for a program compiled for a device this host lacks (python
+  experiments/benchmark.py --target=h200 --breakdown): each part's time is its kernels'
+  roofline (hlo_costs.roofline_seconds' rule: an estimate read from the program, not a
+  timing), with their FLOPs and bytes; "non_matmul_bytes" too."""
+  parts = {p: {"time_s": 0.0, "flops": 0.0, "bytes": 0.0, "non_matmul_bytes": 0.0}
+           for p in PARTS}
+  for kernel in program.kernels.values():
+    part = parts[part_of(kernel.op_name, kernel.is_matmul)]
+    part["flops"] += kernel.flops * kernel.runs
+    part["bytes"] += kernel.bytes * kernel.runs
+    part["non_matmul_bytes"] += 0.0 if kernel.is_matmul else kernel.bytes * kernel.runs
+    part["time_s"] += hlo_costs.kernel_seconds(kernel, peak_flops, hbm_bytes_per_s) * kernel.runs
+  total = sum(p["time_s"] for p in parts.values())
+  for p in parts.values():
+    p["share"] = p["time_s"] / total if total else None
+  return {"parts": parts, "op_time_s": total, "timed": True,
+          "method": "roofline per kernel (max of FLOPs / peak and bytes / HBM bandwidth) from "
+                    "the optimized HLO of the program compiled for the target"}
+
+
 def table(name: str, result: Dict[str, Any], step_time_s: float) -> str:
   """The breakdown as text: one row per part, then the total."""
   rows = [("part", "time/step", "share", "GFLOP", "GB", "FLOP/byte")]
@@ -149,6 +171,9 @@ def table(name: str, result: Dict[str, Any], step_time_s: float) -> str:
   widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
   text = "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                              enumerate(zip(r, widths))) for r in rows)
+  if result["method"].startswith("roofline"):
+    return (f"breakdown of {name}: roofline {1e3 * result['op_time_s']:.2f}ms per step (an "
+            f"estimate read from the compiled program, not a timing)\n{text}")
   note = "" if result["timed"] else " (the trace had no kernel times: FLOPs and bytes only)"
   return (f"breakdown of {name}: step {1e3 * step_time_s:.1f}ms wall, kernels "
           f"{1e3 * result['op_time_s']:.1f}ms summed{note}\n{text}")

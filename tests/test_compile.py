@@ -18,6 +18,7 @@ from simplified_flax.model import grad_rules
 from simplified_flax.model import target_platform
 from test_loop import REPO, subprocess_env
 
+pytestmark = pytest.mark.aot
 TINY = {"model.n_layer": 2, "model.n_embd": 64, "model.n_head": 2, "model.context_length": 128,
         "model.vocab_size": 97, "batch_size": 8, "dtype": "bfloat16"}
 
