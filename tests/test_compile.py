@@ -149,3 +149,19 @@ def test_a_step_too_large_for_the_device_is_one_line_and_status_1(target):
   assert stderr[0].startswith("simplified_flax.compile: error: The step does not fit on "
                               f"{target}: ")
   assert "parallel.fsdp" in stderr[0] and "model.remat" in stderr[0]
+
+
+def test_the_compiled_targets_report_compares_variants_with_their_commands(tmp_path):
+  _needs("gpu")
+  from experiments import compiled_targets  # pylint: disable=import-outside-toplevel
+  compiled_targets.main(["--tiny", "--rows=variants", "--variants=preln,sas_p",
+                         "--targets=h200", "--jobs=2", f"--output={tmp_path}"])
+  results = json.loads((tmp_path / "results.json").read_text())
+  rows = results["variants"]
+  assert [(r["variant"], r["overrides"]["model.attention_impl"]) for r in rows] == [
+      ("preln", "auto"), ("sas_p", "auto"), ("preln", "explicit"), ("sas_p", "explicit")]
+  assert [r["attention_kernel"] for r in rows] == ["cudnn", "cudnn", "xla", "xla"]
+  assert all(r["fits"] and r["versions"]["jax"] == jax.__version__ for r in rows)
+  text = (tmp_path / "report.md").read_text()
+  assert rows[1]["command"] in text and "x Pre-LN" in text
+  assert (tmp_path / "roofline_vs_preln.png").stat().st_size > 0

@@ -1,0 +1,123 @@
+"""report.md and the plot of `compiled_targets.py`, from its results dict alone."""
+import datetime
+from typing import Any, Dict, List
+
+from experiments import report_lib
+
+GiB = 2 ** 30
+
+
+def _by(rows, **match) -> List[Dict[str, Any]]:
+  return [r for r in rows if all(r.get(k, r["overrides"].get(k)) == v for k, v in match.items())]
+
+
+def _impl(row) -> str:
+  return row["overrides"].get("model.attention_impl", "auto")
+
+
+def with_ratios(rows: List[Dict[str, Any]]) -> None:
+  """Sets each variant row's `x_preln`: Pre-LN's roofline over its own, same target and path."""
+  for row in rows:
+    ref = [r for r in rows if r["variant"] == "preln" and r["target"] == row["target"]
+           and _impl(r) == _impl(row) and r.get("roofline_step_s")]
+    if ref and row.get("roofline_step_s"):
+      row["x_preln"] = ref[0]["roofline_step_s"] / row["roofline_step_s"]
+
+
+def _variant_lines(rows, paper) -> List[str]:
+  with_ratios(rows)
+  table = []
+  for r in rows:
+    if not r.get("fits", True) and "roofline_step_s" not in r:
+      table.append([r["target"], _impl(r), r["variant"], "-", "-", "-", "-", "-", "-",
+                    "does not fit"])
+      continue
+    table.append([r["target"], _impl(r), r["variant"], f"{r['flops_per_device'] / 1e12:.2f}",
+                  f"{r['bytes_per_device'] / 1e9:.1f}",
+                  f"{r['non_matmul_bytes_per_device'] / 1e9:.1f}",
+                  f"{r['roofline_step_s'] * 1e3:.2f}", f"{r.get('x_preln', 0):.3f}",
+                  paper.get(r["variant"], "-"),
+                  f"{r['memory_per_device_bytes']['total'] / GiB:.2f} ({r['attention_kernel']})"])
+  return report_lib.markdown_table(
+      ["target", "path", "variant", "TFLOP/device", "GB moved", "non-matmul GB", "roofline ms",
+       "x Pre-LN", "paper", "GiB/device (kernel)"], table, align="lll" + "r" * 7)
+
+
+def _memory_lines(rows) -> List[str]:
+  table = []
+  for r in rows:
+    o = r["overrides"]
+    need = (f"{r['memory_per_device_bytes']['total'] / GiB:.2f}" if "memory_per_device_bytes"
+            in r else r.get("error", "-"))
+    table.append([r["variant"], r["target"], o.get("model.n_layer", 18),
+                  o.get("model.context_length", 128), o.get("batch_size", 128), _impl(r),
+                  o.get("model.scan_layers", False), need,
+                  f"{r['compile_s']:.1f}" if "compile_s" in r else "-",
+                  r.get("hosts", "-"), r.get("fits", False)])
+  return report_lib.markdown_table(
+      ["variant", "target", "layers", "T", "batch", "path", "scan", "GiB/device", "compile s",
+       "hosts", "fits"], table, align="ll" + "r" * 9)
+
+
+def _ratio_notes(results) -> List[str]:
+  notes = []
+  long = results.get("long_context", [])
+  for target in sorted({r["target"] for r in long}):
+    fused = [r for r in _by(long, target=target) if _impl(r) == "fused"]
+    explicit = [r for r in _by(long, target=target) if _impl(r) == "explicit"]
+    if fused and explicit and "memory_per_device_bytes" in fused[0]:
+      f = fused[0]["memory_per_device_bytes"]["total"]
+      if "memory_per_device_bytes" in explicit[0]:
+        e = explicit[0]["memory_per_device_bytes"]["total"]
+        notes.append(f"- Long context on {target}: fused {f / GiB:.2f} GiB against explicit "
+                     f"{e / GiB:.2f} GiB per device ({f / e:.3f}x).")
+      else:
+        notes.append(f"- Long context on {target}: fused {f / GiB:.2f} GiB; explicit does not "
+                     f"fit: {explicit[0].get('error', '')}")
+  depth = results.get("depth", [])
+  for scan in (True, False):
+    rows = sorted(_by(depth, **{"model.scan_layers": scan}),
+                  key=lambda r: r["overrides"]["model.n_layer"])
+    if len(rows) == 2 and all("compile_s" in r for r in rows):
+      notes.append(f"- Compile on v5e-8, scan_layers={scan}: {rows[0]['compile_s']:.1f} s at "
+                   f"{rows[0]['overrides']['model.n_layer']} layers, {rows[1]['compile_s']:.1f} "
+                   f"s at {rows[1]['overrides']['model.n_layer']} "
+                   f"({rows[1]['compile_s'] / rows[0]['compile_s']:.2f}x; a timing on this "
+                   f"host).")
+  return notes
+
+
+def markdown(results: Dict[str, Any]) -> str:
+  """The report: what was compiled, how to read it, the tables, every row's command."""
+  lines = ["# The train step compiled for accelerators, read from the programs", "",
+           f"Made {datetime.date.today().isoformat()} by `{results['script']}` on a CPU-only "
+           f"host, with {', '.join(f'{k} {v}' for k, v in results['versions'].items())}. "
+           f"Shape overrides: `{results['shape']}`.", "",
+           "Every figure is read from the program XLA compiled for the target "
+           "(`python -m simplified_flax.compile`): buffers, FLOPs and bytes per device are "
+           "exact for that program; the roofline (the sum over kernels of max(FLOPs / peak, "
+           "bytes / HBM bandwidth), published peaks) is an estimate, not a timing. Compile "
+           "seconds are the one timing, on this host.", ""]
+  if results.get("variants"):
+    lines += ["## Decoder variants (paper shape)", "",
+              *_variant_lines(results["variants"], PAPER_TABLE), ""]
+  memory_rows = [r for k in ("long_context", "depth", "pod") for r in results.get(k, [])]
+  if memory_rows:
+    lines += ["## Long context, compile depth, pod", "", *_memory_lines(memory_rows), "",
+              *_ratio_notes(results), ""]
+  rows = [r for k in ("variants", "long_context", "depth", "pod") for r in results.get(k, [])]
+  lines += ["## Commands", "", "Each row above is one of these:", "", "```",
+            *[r["command"] for r in rows], "```", ""]
+  return "\n".join(lines)
+
+
+PAPER_TABLE = {"sas": 1.09, "sas_p": 1.16, "sas_p_nonorm": 1.20}
+
+
+def plot(rows: List[Dict[str, Any]], path: str) -> None:
+  """Bars: each variant's roofline speed relative to Pre-LN, per target, default path."""
+  with_ratios(rows)
+  values = {f"{r['variant']} {r['target']}": r["x_preln"] for r in rows
+            if _impl(r) == "auto" and "x_preln" in r}
+  report_lib.plot_bars(values, path, title="Roofline step speed vs Pre-LN (default path)",
+                       ylabel="x Pre-LN (estimate)", reference=1.0)
