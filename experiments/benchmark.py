@@ -198,6 +198,7 @@ def summarise(runners: List[Runner], peaks: List[float], nominal) -> Dict[str, D
     tokens_per_s = r.tokens_per_step / step_s
     achieved = r.flops["flops_per_token"] * tokens_per_s
     m = r.config.model
+    roofline_s = roofline_here(r.step)
     results[r.name] = {
         "params_total": r.counts["total"], "params_trainable": r.counts["trainable"],
         "params_non_embedding": r.counts["non_embedding"],
@@ -215,8 +216,21 @@ def summarise(runners: List[Runner], peaks: List[float], nominal) -> Dict[str, D
         "batch_size": r.config.batch_size, "seq_len": m.context_length, "n_layer": m.n_layer,
         "n_embd": m.n_embd, "vocab_size": m.vocab_size, "dtype": r.config.dtype,
         "attention_impl": m.attention_impl,
+        # On a GPU/TPU of aot/targets.py's table: the compiled program's roofline, and how far
+        # the measured step is from it (calibrates `python -m simplified_flax.compile`).
+        "roofline_step_s": roofline_s,
+        "measured_over_roofline": step_s / roofline_s if roofline_s else None,
     }
   return results
+
+
+def roofline_here(compiled) -> float | None:
+  """The roofline of `compiled` on this host's device, if the target table has it."""
+  device = targets.device_of_kind(jax.devices()[0].device_kind)
+  if device is None:
+    return None
+  program = hlo_costs.parse(compiled.as_text())
+  return hlo_costs.roofline_seconds(program, device.peak_flops, device.hbm_bytes_per_s)
 
 
 COLUMNS = (  # (header, key, scale, format)

@@ -73,6 +73,12 @@ GPU_NAMES = "a100-40gb, a100-80gb, h100, h200 (with --num_gpus)"
 GPUS_PER_HOST = 8
 
 
+def device_of_kind(kind: str) -> Device | None:
+  """The table's entry for a JAX `device_kind` (the longest matching name), else None."""
+  matches = [d for d in DEVICES.values() if kind == d.kind or kind.startswith(d.kind)]
+  return max(matches, key=lambda d: len(d.kind), default=None)
+
+
 class TargetError(ValueError):
   """A target the table does not have, or a topology it cannot form (a usage error)."""
 
