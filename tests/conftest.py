@@ -1,4 +1,7 @@
-"""Shared fixtures: tiny model configs of every variant; the `floor` subset."""
+"""Shared fixtures: tiny model configs of every variant; the `floor` subset; a temporary
+default compilation cache for every command the tests start."""
+import os
+
 import pytest
 
 import configs
@@ -22,6 +25,20 @@ def tiny_config(name: str, **model_overrides):
 @pytest.fixture
 def tiny():
   return tiny_config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_cache_home(tmp_path_factory):
+  """XDG_CACHE_HOME of this session and its child processes: a temporary folder, so that the
+  commands' default compilation cache (`$XDG_CACHE_HOME/simplified_flax/jax`) never writes to
+  the real ~/.cache."""
+  before = os.environ.get("XDG_CACHE_HOME")
+  os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache_home"))
+  yield os.environ["XDG_CACHE_HOME"]
+  if before is None:
+    os.environ.pop("XDG_CACHE_HOME", None)
+  else:
+    os.environ["XDG_CACHE_HOME"] = before
 
 
 # The fast subset CI also runs on the oldest supported releases (.ci/floors.txt): the model,
