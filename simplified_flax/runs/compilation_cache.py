@@ -1,7 +1,7 @@
 """JAX's persistent compilation cache for the train, evaluate and sample commands (README,
 "Compilation cache"): a restarted run loads its compiled steps instead of compiling them again.
 
-Each entry point calls `enable(choose(flag, config_field))` once, before its first compile. The
+Each entry point calls `enable(*choose(flag, config))` once, before its first compile. The
 folder is `--compilation_cache_dir` (all three commands), else the config field
 `compilation_cache_dir` (train), else JAX's own `jax_compilation_cache_dir` when set (e.g. by
 JAX_COMPILATION_CACHE_DIR), else `$XDG_CACHE_HOME/simplified_flax/jax` (`~/.cache/...`); the
@@ -76,7 +76,9 @@ def _folder(value: str | None, where: str) -> str:
   """The folder to use, created if missing; ConfigError when it cannot be."""
   if value is None:
     value = jax.config.jax_compilation_cache_dir or default_dir()
-    shown = f"{FIELD} (unset, so the default {value})"
+    whose = "JAX's jax_compilation_cache_dir" if jax.config.jax_compilation_cache_dir else \
+        "the default"
+    shown = f"{FIELD} (unset, so {whose} {value})"
   else:
     shown = f"{where}={value!r}"
   fix = (f"give a writable folder with --{FIELD}=DIR, or --{FIELD}={OFF} to turn the "
