@@ -168,6 +168,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.restore_step = _placeholder(int)  # None: the latest good step; N: rewind to N; 0: start over
   c.dtype = "float32"                # compute dtype: "float32" or "bfloat16"
   c.diagnostics_every = 0            # 0: never compute the signal-propagation diagnostics
+  c.compilation_cache_dir = _placeholder(str)  # JAX's compiled programs (README, "Compilation
+                                     # cache"); None: $XDG_CACHE_HOME/simplified_flax/jax (else
+                                     # ~/.cache/...); "off": no cache; the same-named flag wins
   c.model = model_config()
   c.optimizer = optimizer_config()
   c.data = data_config()

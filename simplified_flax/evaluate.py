@@ -12,12 +12,14 @@ import jax
 
 from simplified_flax import cli
 from simplified_flax.model import quantize
+from simplified_flax.runs import compilation_cache
 from simplified_flax.runs import distributed
 from simplified_flax.training.evaluation import evaluate   # the library call behind the CLI
 
 
 def main(argv) -> None:
   f = cli.start(argv)
+  compilation_cache.enable(*compilation_cache.choose(f.compilation_cache_dir))   # not the run's
   distributed.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
                                      auto=f.distributed)
   result = evaluate(f.workdir, f.eval_steps, step=f.step, quantize_scheme=f.quantize)
@@ -32,5 +34,6 @@ if __name__ == "__main__":
   flags.DEFINE_enum("quantize", "none", list(quantize.SCHEMES),
                     "Also evaluate with int8 fake-quantised linear layers: weights per output "
                     "channel (w8), inputs per tensor (a8), or both (w8a8).")
+  compilation_cache.define_flag()
   distributed.define_distributed_flags()
   cli.run(main, "simplified_flax.evaluate")

@@ -18,6 +18,7 @@ import jax
 from simplified_flax import cli
 from simplified_flax.model import decode
 from simplified_flax.model.transformer import build_model
+from simplified_flax.runs import compilation_cache
 from simplified_flax.runs import config_checks
 from simplified_flax.training.evaluation import load_config, load_tokenizer, restore_read_only
 
@@ -37,6 +38,7 @@ def sample_text(model, variables, tokenizer, prompts: Sequence[str], *, max_new_
 
 def main(argv) -> None:
   f = cli.start(argv)
+  compilation_cache.enable(*compilation_cache.choose(f.compilation_cache_dir))   # not the run's
   config = load_config(f.workdir)
   if config.model.kind != "decoder":
     raise app.UsageError(f"{f.workdir} holds a {config.model.kind}; sampling needs a decoder.")
@@ -77,4 +79,5 @@ if __name__ == "__main__":
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
   flags.DEFINE_enum("attention_impl", None, ["auto", "explicit", "fused"],
                     "Attention path (default: the run's).")
+  compilation_cache.define_flag()
   cli.run(main, "simplified_flax.sample")

@@ -16,6 +16,7 @@ if __name__ == "__main__":
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 
+from simplified_flax.runs import compilation_cache
 from simplified_flax.runs import distributed
 from simplified_flax.training.loop import NonFiniteLossError, train_and_evaluate
 from simplified_flax.training.step import (StepSpec, TrainState, create_train_state,
@@ -27,6 +28,7 @@ __all__ = ["create_train_state", "train_step", "eval_step", "diagnostics_step",
 
 def main(argv) -> None:
   f = cli.start(argv)
+  compilation_cache.enable(*compilation_cache.choose(f.compilation_cache_dir, f.config))
   distributed.initialize_distributed(f.coordinator_address, f.num_processes, f.process_id,
                                      auto=f.distributed)
   train_and_evaluate(f.config, f.workdir, tensorboard=f.tensorboard)   # checks the config first
@@ -39,5 +41,6 @@ if __name__ == "__main__":
                       required=True)
   flags.DEFINE_bool("tensorboard", True, "Also write TensorBoard event files.")
   flags.mark_flags_as_required(["config"])
+  compilation_cache.define_flag()
   distributed.define_distributed_flags()
   cli.run(main, "simplified_flax.train")

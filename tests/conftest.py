@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny model configs of every variant; the `floor` subset."""
+"""Shared fixtures: tiny model configs of every variant; the `floor` subset; a temporary
+default compilation cache for every command the tests start."""
 import os
 
 # Before JAX is imported: the tests run on the CPU, also where libtpu or the CUDA plugin is
@@ -29,6 +30,20 @@ def tiny_config(name: str, **model_overrides):
 @pytest.fixture
 def tiny():
   return tiny_config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_cache_home(tmp_path_factory):
+  """XDG_CACHE_HOME of this session and its child processes: a temporary folder, so that the
+  commands' default compilation cache (`$XDG_CACHE_HOME/simplified_flax/jax`) never writes to
+  the real ~/.cache."""
+  before = os.environ.get("XDG_CACHE_HOME")
+  os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache_home"))
+  yield os.environ["XDG_CACHE_HOME"]
+  if before is None:
+    os.environ.pop("XDG_CACHE_HOME", None)
+  else:
+    os.environ["XDG_CACHE_HOME"] = before
 
 
 # The fast subset CI also runs on the oldest supported releases (.ci/floors.txt): the model,
