@@ -119,10 +119,17 @@ def optimizer_config() -> ml_collections.ConfigDict:
 def data_config() -> ml_collections.ConfigDict:
   """Corpus, tokenizer and batching (simplified_flax/data; README, "Data")."""
   d = ml_collections.ConfigDict()
-  d.name = "python_code"             # "python_code", "text_files" or any tfds text dataset
-  d.text_key = "content"             # tfds feature holding the text (its only Text one if absent)
+  d.name = "python_code"             # "python_code", "text_files", "hf:<hub name | folder |
+                                     # files>" (Hugging Face datasets) or any tfds text dataset
+  d.text_key = "content"             # tfds feature / hf column holding the text (tfds: its only
+                                     # Text one if absent)
   d.train_split = "train"
   d.eval_split = "validation"
+  d.eval_name = _placeholder(str)    # hf: eval documents from this second source (its eval_split)
+  d.max_train_docs = 0               # hf: the first N after the shuffle (0: all)
+  d.max_eval_docs = 0
+  d.shuffle_seed = _placeholder(int)  # hf: datasets' shuffle(seed) before the selection
+                                      # (None: the dataset's order)
   d.roots = _placeholder(str)        # comma-separated roots for python_code (default: stdlib)
   d.paths = _placeholder(str)        # comma-separated files/globs for text_files
   d.json_key = "text"                # field of each JSON-lines record that holds the text
@@ -130,10 +137,13 @@ def data_config() -> ml_collections.ConfigDict:
   d.cache_dir = _placeholder(str)    # root of prepared token shards (local or gs://);
                                      # default: <tfds_data_dir>/token_shards
   d.shard_docs = 50_000              # documents per prepared shard (part of the shards' address)
-  d.tokenizer = "byte"               # "byte" or "sentencepiece"
+  d.tokenizer = "byte"               # "byte", "sentencepiece", "bpe" or "hf:<tokenizer.json |
+                                     # folder | hub name>" (Hugging Face tokenizers)
   d.spm_vocab_size = 8192
   d.spm_model_path = _placeholder(str)  # an existing SentencePiece model (else train one)
   d.spm_train_chars = 10_000_000     # SentencePiece trains on this many leading characters
+  d.bpe_vocab_size = 8192            # "bpe": ids of the byte-level BPE (3 special + 256 bytes +
+  d.bpe_train_chars = 10_000_000     # merges), trained on this many leading characters
   d.packing = False                  # False: windows of T per document (the paper's way)
   d.mlm_rate = 0.15
   d.prefetch = 2                     # batches made ahead by a background thread (0: none)

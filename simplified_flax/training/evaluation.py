@@ -59,12 +59,14 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def load_tokenizer(config, workdir: str):
-  """The run's tokenizer: byte, or the SentencePiece model the run saved (never trains one)."""
+  """The run's tokenizer: byte, hf:, or the SentencePiece model / BPE the run saved (never
+  trains one)."""
   from simplified_flax.data import tokenizers  # pylint: disable=import-outside-toplevel
 
   def no_training_texts():
-    raise DataError(f"{workdir} holds no {tokenizers.TOKENIZER_FILENAME} and data.spm_model_path "
-                    "is unset: use the tokenizer the run was trained with.")
+    raise DataError(f"{workdir} holds no trained tokenizer ({tokenizers.TOKENIZER_FILENAME} or "
+                    "tokenizer.json) and data.spm_model_path is unset: use the tokenizer the run "
+                    "was trained with.")
   return tokenizers.build_tokenizer(config.data, workdir, no_training_texts)
 
 
