@@ -155,7 +155,7 @@ def with_switch(arg: str, switch: str) -> str:
   return ",".join(s for s in (arg, switch) if s)
 
 
-SWITCHES = ("cpu", "encoder")   # what may follow the file name, comma-separated
+SWITCHES = ("cpu", "encoder", "codeparrot")   # what may follow the file name, comma-separated
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -186,7 +186,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.parallel.fsdp = 1                # devices along the parameter-sharding axis
 
   if "encoder" in switches:
+    if "codeparrot" in switches:
+      raise ValueError("The codeparrot switch is for decoder configs: its tokenizer has no mask "
+                       "token for the MLM encoder.")
     _make_encoder(c)
+  if "codeparrot" in switches:
+    _use_codeparrot(c, on_accelerator="cpu" not in switches)
   if "cpu" in switches:
     _shrink_for_cpu(c)
   return c
@@ -201,6 +206,32 @@ def _make_encoder(c: ml_collections.ConfigDict) -> None:
   c.optimizer.eps = 1e-12
   c.optimizer.grad_clip_norm = 0.5
   c.optimizer.learning_rate = 3e-3
+
+
+def _use_codeparrot(c: ml_collections.ConfigDict, on_accelerator: bool) -> None:
+  """The paper's data and recipe as the reference code's run_clm.py has them: CodeParrot,
+  `shuffle(seed=0).select(range(num_token_mult * 100_000))` training documents and 2,000
+  validation ones, the code-search-net GPT-2 tokenizer (50K ids), full 128-token windows per
+  document, one epoch (steps derived once the data is prepared), AdamW 1e-3 / eps 1e-8 /
+  wd 0.1, 5% warmup then linear decay, clipping at 1, batch 128, bf16 (not with `cpu`)."""
+  d = c.data
+  d.name = "hf:huggingface-course/codeparrot-ds-train"
+  d.eval_name = "hf:huggingface-course/codeparrot-ds-valid"
+  d.text_key, d.train_split, d.eval_split = "content", "train", "validation"
+  d.tokenizer = "hf:huggingface-course/code-search-net-tokenizer"
+  d.packing = False                  # the reference code's windows (data/sequences.py)
+  d.num_token_mult = 1               # the reference code's config.yaml default
+  d.max_train_docs = d.get_ref("num_token_mult") * 100_000
+  d.max_eval_docs = 2_000
+  d.shuffle_seed = 0
+  c.model.context_length = 128
+  c.batch_size = 128
+  c.num_train_steps = _placeholder(int)   # None: one epoch, set after preparation
+  o = c.optimizer
+  o.name, o.learning_rate, o.eps, o.weight_decay = "adamw", 1e-3, 1e-8, 0.1
+  o.schedule, o.warmup_fraction, o.grad_clip_norm = "linear", 0.05, 1.0
+  if on_accelerator:
+    c.dtype = "bfloat16"
 
 
 def _shrink_for_cpu(c: ml_collections.ConfigDict) -> None:

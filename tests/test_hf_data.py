@@ -18,6 +18,7 @@ from simplified_flax.data.corpus import open_corpus
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.hf_tokenizer import HfTokenizer, train_bpe
 from simplified_flax.data.sequences import ShardedRows
+from simplified_flax.training.evaluation import input_pipeline
 from test_loop import REPO, TINY, kill_and_resume, log_tail, start_training, subprocess_env
 from test_resume import RUN, _assert_same_run
 
@@ -143,9 +144,35 @@ def test_windows_are_the_reference_codes_per_document_windows(files):
   np.testing.assert_array_equal(ours_RxT, theirs_RxT)
 
 
-def _cli(workdir, overrides, env):
+def test_codeparrot_switch_is_the_reference_recipe():
+  c = configs.load("sas_p:codeparrot")
+  assert (c.data.name, c.data.eval_name, c.data.text_key, c.data.tokenizer) == (
+      "hf:huggingface-course/codeparrot-ds-train", "hf:huggingface-course/codeparrot-ds-valid",
+      "content", "hf:huggingface-course/code-search-net-tokenizer")
+  assert (c.data.max_train_docs, c.data.max_eval_docs, c.data.shuffle_seed) == (100_000, 2000, 0)
+  assert (c.batch_size, c.dtype, c.num_train_steps, c.model.n_layer) == (128, "bfloat16", None, 18)
+  o = c.optimizer
+  assert (o.learning_rate, o.eps, o.weight_decay, o.warmup_fraction, o.schedule,
+          o.grad_clip_norm) == (1e-3, 1e-8, 0.1, 0.05, "linear", 1.0)
+  cpu = configs.load("preln:codeparrot,cpu", {"data.num_token_mult": 2})
+  assert cpu.data.max_train_docs == 200_000 and cpu.dtype == "float32"
+  with pytest.raises(ValueError, match="for decoder configs"):
+    configs.load("bert_preln:codeparrot")
+
+
+def test_one_epoch_is_derived_after_preparation_and_printed(files, tmp_path, capsys):
+  config = _data(files, **{**TINY, "num_train_steps": None})
+  pipeline = input_pipeline(config, str(tmp_path))
+  steps = pipeline.train.batches_per_epoch
+  assert config.num_train_steps == steps > 1
+  rows = pipeline.train.source
+  assert (f"Plan: one epoch of 80 documents = {rows.num_rows:,} windows of 16 tokens = "
+          f"{steps:,} steps of 8 ({steps * 8 * 16:,} tokens).") in capsys.readouterr().out
+
+
+def _cli(workdir, overrides, env, config="configs/preln.py:cpu"):
   return subprocess.run([sys.executable, "-m", "simplified_flax.train", f"--workdir={workdir}",
-                         "--config=configs/preln.py:cpu",
+                         f"--config={config}",
                          *[f"--config.{k}={v}" for k, v in overrides.items()]],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
@@ -161,6 +188,11 @@ def test_train_cli_on_hf_data_with_hf_tokenizer_runs_and_resumes_exactly(files, 
   lines = bad.stderr.strip().splitlines()
   assert bad.returncode == 1 and "no column 'text'" in lines[-1], lines[-20:]
   assert not any("Traceback" in line for line in lines)
+  offline = _cli(tmp_path / "cp", {}, env, config="configs/sas_p.py:codeparrot,cpu")
+  lines = offline.stderr.strip().splitlines()
+  assert offline.returncode == 1 and not any("Traceback" in line for line in lines), lines[-20:]
+  assert ("'hf:huggingface-course/codeparrot-ds-train' cannot be loaded" in lines[-1]
+          and "set data.name=hf:DIR" in lines[-1]), lines[-20:]
 
   overrides = {**RUN, **data}
   straight = tmp_path / "straight"

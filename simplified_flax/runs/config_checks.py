@@ -122,8 +122,9 @@ def _model_structure_rules(m) -> None:
 
 
 def _training_rules(config) -> None:
-  for name in ("batch_size", "num_train_steps", "grad_accum_steps"):
+  for name in ("batch_size", "grad_accum_steps"):
     _int_at_least(config, name, 1)
+  _int_at_least(config, "num_train_steps", 1, unset="one epoch of the prepared training data")
   require(config.batch_size % config.grad_accum_steps == 0,
           f"grad_accum_steps={config.grad_accum_steps} must divide batch_size="
           f"{config.batch_size}.")
