@@ -1,4 +1,5 @@
-"""Data for training: corpora (local files or tfds), tokenizers, prepared token shards,
+"""Data for training: corpora (local files, Hugging Face datasets or tfds), tokenizers (byte,
+SentencePiece, Hugging Face), prepared token shards,
 windows or packed rows, MLM, the checkpointable iterator (README, "Data").
 
     pipeline = build_pipeline(config, workdir=workdir)   # sets config.model.vocab_size if None
