@@ -52,6 +52,14 @@ def _data(files, **overrides):
   return config
 
 
+def test_importing_the_data_package_loads_neither_datasets_nor_tokenizers():
+  code = ("import sys, simplified_flax.data, simplified_flax.train; "
+          "print(sorted({'datasets', 'tokenizers'} & set(sys.modules)))")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=subprocess_env(),
+                       capture_output=True, text=True, timeout=120)
+  assert out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
 def test_hf_corpora_select_as_datasets_does(files):
   config = _data(files, **{"data.shuffle_seed": 0, "data.max_train_docs": 50,
                            "data.max_eval_docs": 5})
