@@ -119,10 +119,17 @@ def optimizer_config() -> ml_collections.ConfigDict:
 def data_config() -> ml_collections.ConfigDict:
   """Corpus, tokenizer and batching (simplified_flax/data; README, "Data")."""
   d = ml_collections.ConfigDict()
-  d.name = "python_code"             # "python_code", "text_files" or any tfds text dataset
-  d.text_key = "content"             # tfds feature holding the text (its only Text one if absent)
+  d.name = "python_code"             # "python_code", "text_files", "hf:<hub name | folder |
+                                     # files>" (Hugging Face datasets) or any tfds text dataset
+  d.text_key = "content"             # tfds feature / hf column holding the text (tfds: its only
+                                     # Text one if absent)
   d.train_split = "train"
   d.eval_split = "validation"
+  d.eval_name = _placeholder(str)    # hf: eval documents from this second source (its eval_split)
+  d.max_train_docs = 0               # hf: the first N after the shuffle (0: all)
+  d.max_eval_docs = 0
+  d.shuffle_seed = _placeholder(int)  # hf: datasets' shuffle(seed) before the selection
+                                      # (None: the dataset's order)
   d.roots = _placeholder(str)        # comma-separated roots for python_code (default: stdlib)
   d.paths = _placeholder(str)        # comma-separated files/globs for text_files
   d.json_key = "text"                # field of each JSON-lines record that holds the text
@@ -130,10 +137,13 @@ def data_config() -> ml_collections.ConfigDict:
   d.cache_dir = _placeholder(str)    # root of prepared token shards (local or gs://);
                                      # default: <tfds_data_dir>/token_shards
   d.shard_docs = 50_000              # documents per prepared shard (part of the shards' address)
-  d.tokenizer = "byte"               # "byte" or "sentencepiece"
+  d.tokenizer = "byte"               # "byte", "sentencepiece", "bpe" or "hf:<tokenizer.json |
+                                     # folder | hub name>" (Hugging Face tokenizers)
   d.spm_vocab_size = 8192
   d.spm_model_path = _placeholder(str)  # an existing SentencePiece model (else train one)
   d.spm_train_chars = 10_000_000     # SentencePiece trains on this many leading characters
+  d.bpe_vocab_size = 8192            # "bpe": ids of the byte-level BPE (3 special + 256 bytes +
+  d.bpe_train_chars = 10_000_000     # merges), trained on this many leading characters
   d.packing = False                  # False: windows of T per document (the paper's way)
   d.mlm_rate = 0.15
   d.prefetch = 2                     # batches made ahead by a background thread (0: none)
@@ -145,7 +155,7 @@ def with_switch(arg: str, switch: str) -> str:
   return ",".join(s for s in (arg, switch) if s)
 
 
-SWITCHES = ("cpu", "encoder")   # what may follow the file name, comma-separated
+SWITCHES = ("cpu", "encoder", "codeparrot")   # what may follow the file name, comma-separated
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -179,7 +189,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.parallel.fsdp = 1                # devices along the parameter-sharding axis
 
   if "encoder" in switches:
+    if "codeparrot" in switches:
+      raise ValueError("The codeparrot switch is for decoder configs: its tokenizer has no mask "
+                       "token for the MLM encoder.")
     _make_encoder(c)
+  if "codeparrot" in switches:
+    _use_codeparrot(c, on_accelerator="cpu" not in switches)
   if "cpu" in switches:
     _shrink_for_cpu(c)
   return c
@@ -194,6 +209,32 @@ def _make_encoder(c: ml_collections.ConfigDict) -> None:
   c.optimizer.eps = 1e-12
   c.optimizer.grad_clip_norm = 0.5
   c.optimizer.learning_rate = 3e-3
+
+
+def _use_codeparrot(c: ml_collections.ConfigDict, on_accelerator: bool) -> None:
+  """The paper's data and recipe as the reference code's run_clm.py has them: CodeParrot,
+  `shuffle(seed=0).select(range(num_token_mult * 100_000))` training documents and 2,000
+  validation ones, the code-search-net GPT-2 tokenizer (50K ids), full 128-token windows per
+  document, one epoch (steps derived once the data is prepared), AdamW 1e-3 / eps 1e-8 /
+  wd 0.1, 5% warmup then linear decay, clipping at 1, batch 128, bf16 (not with `cpu`)."""
+  d = c.data
+  d.name = "hf:huggingface-course/codeparrot-ds-train"
+  d.eval_name = "hf:huggingface-course/codeparrot-ds-valid"
+  d.text_key, d.train_split, d.eval_split = "content", "train", "validation"
+  d.tokenizer = "hf:huggingface-course/code-search-net-tokenizer"
+  d.packing = False                  # the reference code's windows (data/sequences.py)
+  d.num_token_mult = 1               # the reference code's config.yaml default
+  d.max_train_docs = d.get_ref("num_token_mult") * 100_000
+  d.max_eval_docs = 2_000
+  d.shuffle_seed = 0
+  c.model.context_length = 128
+  c.batch_size = 128
+  c.num_train_steps = _placeholder(int)   # None: one epoch, set after preparation
+  o = c.optimizer
+  o.name, o.learning_rate, o.eps, o.weight_decay = "adamw", 1e-3, 1e-8, 0.1
+  o.schedule, o.warmup_fraction, o.grad_clip_norm = "linear", 0.05, 1.0
+  if on_accelerator:
+    c.dtype = "bfloat16"
 
 
 def _shrink_for_cpu(c: ml_collections.ConfigDict) -> None:

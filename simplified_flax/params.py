@@ -5,7 +5,8 @@
 
 prints JSON: `total` (every array, fixed anchors included), `trainable`, `non_embedding` and,
 with `--breakdown`, trainable counts per top-level module. An unset vocab_size is the
-tokenizer's: 259 for bytes, `data.spm_vocab_size` for SentencePiece.
+tokenizer's: 259 for bytes, `data.spm_vocab_size` for SentencePiece, `data.bpe_vocab_size` for
+"bpe", the file's for "hf:...".
 """
 import json
 
@@ -21,7 +22,7 @@ def main(argv) -> None:
   config = cli.start(argv).config
   config_checks.validate_run_config(config)
   if config.model.vocab_size is None:
-    config.model.vocab_size = tokenizers.untrained_vocab_size(config.data)
+    config.model.vocab_size = tokenizers.nominal_vocab_size(config.data)
   print(json.dumps(count_parameters(config.model, flags.FLAGS.breakdown), indent=1))
 
 

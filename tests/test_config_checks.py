@@ -42,7 +42,7 @@ RULES = [
     ({"optimizer.grad_clip_norm": -1.0}, "optimizer.grad_clip_norm=-1.0"),
     ({"data.name": ""}, "data.name=''"),
     ({"data.name": "text_files"}, "needs data.paths"),
-    ({"data.tokenizer": "bpe"}, "data.tokenizer='bpe' is unknown"),
+    ({"data.tokenizer": "wordpiece"}, "data.tokenizer='wordpiece' is unknown"),
     ({"data.spm_vocab_size": 2}, "data.spm_vocab_size=2"),
     ({"data.spm_train_chars": 0}, "data.spm_train_chars=0"),
     ({"data.mlm_rate": 1.0}, "data.mlm_rate=1.0"),

@@ -23,7 +23,7 @@ def test_runtime_needs_no_tensorflow_and_no_test_or_notebook_tooling():
   assert not runtime & {"tensorflow", "tensorflow-cpu", "tensorflow-datasets", "pytest",
                         "nbclient", "ipykernel", "matplotlib", "jaxlib"}, runtime
   extras = PROJECT["optional-dependencies"]
-  assert {"cpu", "cuda12", "tpu", "test", "experiments", "data"} <= set(extras)
+  assert {"cpu", "cuda12", "tpu", "test", "experiments", "data", "hf"} <= set(extras)
   for platform in ("cpu", "cuda12", "tpu"):
     assert extras[platform] == [f"jax[{platform}]>=0.8.3"]
 
@@ -32,7 +32,7 @@ def test_requirements_txt_holds_the_runtime_and_the_cpu_ci_extras():
   lines = [l.split("#")[0].strip() for l in (REPO / "requirements.txt").read_text().splitlines()]
   listed = {_name(l) for l in lines if l}
   extras = PROJECT["optional-dependencies"]
-  wanted = PROJECT["dependencies"] + [r for e in ("data", "test", "experiments")
+  wanted = PROJECT["dependencies"] + [r for e in ("data", "hf", "test", "experiments")
                                       for r in extras[e]]
   assert {_name(r) for r in wanted} - {"jax"} <= listed
   assert any(l.startswith("jax[cpu]") for l in lines)     # the CPU backend, as [cpu]

@@ -87,8 +87,9 @@ def test_workdir_tokenizer_with_another_vocab_size_is_an_error(tmp_path):
 
 
 def test_unknown_tokenizer_kind_is_an_error():
-  with pytest.raises(DataError, match=r"data.tokenizer is 'bpe'"):
-    tokenizers.build_tokenizer(_data_config(tokenizer="bpe"), None, lambda: _TEXTS)
+  with pytest.raises(DataError, match=r"data.tokenizer is 'wordpiece'; use 'byte', "
+                     r"'sentencepiece', 'bpe' or 'hf:"):
+    tokenizers.build_tokenizer(_data_config(tokenizer="wordpiece"), None, lambda: _TEXTS)
 
 
 def test_no_workdir_trains_in_memory(tmp_path):

@@ -61,7 +61,7 @@ def compile_for(config, target: targets.Target) -> CompiledSteps:
                         "--config.parallel.mode=jit (the default).")
   config_checks.validate_run_config(config, len(devices))
   if config.model.vocab_size is None:
-    config.model.vocab_size = tokenizers.untrained_vocab_size(config.data)
+    config.model.vocab_size = tokenizers.nominal_vocab_size(config.data)
   placement = placements.Placement.from_config(config, devices)
   shapes = abstract_train_state(config)
   state = placement.restore_target(shapes)

@@ -1,5 +1,6 @@
-"""Data for training: corpora (local files or tfds), tokenizers, prepared token shards,
-windows or packed rows, MLM, the checkpointable iterator (README, "Data").
+"""Data for training: corpora (local files, Hugging Face datasets or tfds), tokenizers (byte,
+SentencePiece, Hugging Face), prepared token shards, windows or packed rows, MLM, the
+checkpointable iterator (README, "Data").
 
     pipeline = build_pipeline(config, workdir=workdir)   # sets config.model.vocab_size if None
     it = pipeline.train_iterator()
@@ -10,7 +11,8 @@ windows or packed rows, MLM, the checkpointable iterator (README, "Data").
 decoder batch: {"inputs": int32[b, T]}; encoder batch: {"inputs": int32[b, T] masked,
 "targets": int32[b, T], "weights": float32[b, T] (1.0 where scored), "key_mask": bool[b, T]
 (True = real token)}; with data.packing both add "segment_ids": int32[b, T] (documents
-1, 2, ... within a row, 0 on padding). Importing this package loads no TensorFlow.
+1, 2, ... within a row, 0 on padding). Importing this package loads no TensorFlow, `datasets`
+or `tokenizers`.
 """
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.iterator import CheckpointableIterator

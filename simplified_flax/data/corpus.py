@@ -6,7 +6,8 @@
 
 "python_code" and "text_files" are `LocalCorpus`es read straight from their files
 (`local_files.py`); any other name is a tensorflow-datasets name ("lm1b", "c4/en:3.0.1"), a
-`TfdsCorpus`: only opening one imports TensorFlow. An unprepared tfds dataset is prepared
+`TfdsCorpus`: only opening one imports TensorFlow. "hf:<hub name | folder | files>" is a
+Hugging Face dataset, an `HfCorpus` (`hf_corpus.py`): only opening one imports `datasets`. An unprepared tfds dataset is prepared
 (downloaded) when tfds can; a failure names the command to run where there is network.
 """
 import contextlib
@@ -23,6 +24,7 @@ from absl import logging
 
 from simplified_flax.data import local_files
 from simplified_flax.data.errors import DataError
+from simplified_flax.data.hf_corpus import is_hf, open_hf_corpus
 from simplified_flax.storage import is_remote
 
 _SPLITS = ("train", "validation")
@@ -37,9 +39,12 @@ def parse_list(value: str | Sequence[str] | None) -> list[str]:
 
 
 def open_corpus(data_config):
-  """The corpus `data_config.name` names (a LocalCorpus or TfdsCorpus), both splits checked."""
+  """The corpus `data_config.name` names (a LocalCorpus, HfCorpus or TfdsCorpus), both splits
+  checked."""
   name = data_config.name
-  if name == "python_code":
+  if is_hf(name):
+    corpus = open_hf_corpus(data_config)
+  elif name == "python_code":
     corpus = LocalCorpus.python_code(parse_list(data_config.roots))
   elif name == "text_files":
     corpus = LocalCorpus.text_files(parse_list(data_config.paths), data_config.json_key)
@@ -163,8 +168,8 @@ def _builder(name: str, data_dir: str | None):
     close = difflib.get_close_matches(name.split("/")[0],
                                       tfds.list_builders(with_community_datasets=False), n=3)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    raise DataError(f"data.name: unknown dataset '{name}'. Use 'python_code', 'text_files' or a "
-                    f"tensorflow-datasets name (see tfds.list_builders()).{hint}") from None
+    raise DataError(f"data.name: unknown dataset '{name}'. Use 'python_code', 'text_files', "
+                    f"'hf:<hub name | folder | files>' or a tensorflow-datasets name (see tfds.list_builders()).{hint}") from None
   try:
     with _prepare_lock(os.fspath(builder.data_dir)):
       info_file = os.path.join(builder.data_dir, "dataset_info.json")

@@ -66,6 +66,10 @@ def build_pipeline(config, *, workdir: str | None = None, process_index: int | N
   source = corpus.open_corpus(data)
   tokenizer = tokenizers.build_tokenizer(data, workdir,
                                          lambda: source.documents(data.train_split))
+  if kind == "encoder" and tokenizer.mask_id is None:
+    raise DataError(f"data.tokenizer '{data.tokenizer}' has no mask token (<mask> or [MASK]), "
+                    "which the MLM encoder needs. Use a tokenizer with one, or 'bpe' / "
+                    "'sentencepiece'.")
   if config.model.vocab_size is None:  # the tokenizer decides; a smaller fixed one is an error
     config.model.vocab_size = tokenizer.vocab_size  # an existing field: allowed when locked
   elif config.model.vocab_size < tokenizer.vocab_size:

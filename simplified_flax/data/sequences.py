@@ -75,6 +75,7 @@ class ShardedRows:
 
   def __init__(self, prepared, *, seq_len: int, packing: bool, pad_id: int):
     self.seq_len, self.packing, self._pad_id, self._prepared = seq_len, packing, pad_id, prepared
+    self.num_docs: int = prepared.num_docs
     # From the manifest's token counts or the document offsets: no shard's tokens are read.
     rows_S = [num_packed_rows(n, seq_len) if packing
               else int(windows_per_doc(prepared.doc_starts(i), seq_len).sum())

@@ -1,6 +1,8 @@
-"""Tokenizers: byte-level, and SentencePiece trained on the corpus (or loaded from a file).
+"""Tokenizers: byte-level, SentencePiece trained on the corpus (or loaded from a file), and
+Hugging Face `tokenizers` ones ("hf:<file | folder | hub name>", or "bpe" trained on the corpus:
+`hf_tokenizer.py`, with the tokenizer's own special ids).
 
-Both put their special ids first: 0 = pad, 1 = end-of-document (eod), 2 = [MASK]; ids below
+Byte and SentencePiece put their special ids first: 0 = pad, 1 = end-of-document (eod), 2 = [MASK]; ids below
 `first_regular_id` are special (MLM draws its random ids above it), and `fingerprint` changes
 whenever the ids of any text would. `build_tokenizer` picks one from the config; a trained
 SentencePiece model is saved as `<workdir>/tokenizer.model` and reused on resume.
@@ -15,18 +17,11 @@ import numpy as np
 from etils import epath  # the workdir may be a gs:// bucket on TPU hosts
 
 from simplified_flax.data.errors import DataError
+from simplified_flax.data.hf_tokenizer import HfTokenizer, build_bpe, load_hf_tokenizer
 from simplified_flax.storage import write_atomically
 
 PAD_ID, EOD_ID, MASK_ID = 0, 1, 2
 TOKENIZER_FILENAME = "tokenizer.model"
-
-
-def untrained_vocab_size(data_config) -> int:
-  """The vocabulary size of `data.tokenizer` known without a corpus: 259 for bytes, else the
-  size it will be trained to (`data.spm_vocab_size`)."""
-  if data_config.tokenizer == "byte":
-    return ByteTokenizer.vocab_size
-  return data_config.spm_vocab_size
 
 
 class ByteTokenizer:
@@ -108,7 +103,19 @@ class SentencePieceTokenizer:
     return self._sp.DecodeIds([int(i) for i in ids if 0 <= int(i) < self.vocab_size])
 
 
-Tokenizer = ByteTokenizer | SentencePieceTokenizer
+Tokenizer = ByteTokenizer | SentencePieceTokenizer | HfTokenizer
+
+
+def nominal_vocab_size(data_config) -> int:
+  """The vocabulary size `data_config.tokenizer` gives, without a corpus (an hf: one loads)."""
+  kind = data_config.tokenizer
+  if kind == "byte":
+    return ByteTokenizer.vocab_size
+  if kind == "bpe":
+    return data_config.bpe_vocab_size
+  if kind.startswith("hf:"):
+    return load_hf_tokenizer(kind[len("hf:"):]).vocab_size
+  return data_config.spm_vocab_size
 
 
 def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, max_chars: int) -> bytes:
@@ -150,12 +157,18 @@ def build_tokenizer(data_config, workdir: str | None,
                     training_texts: Callable[[], Iterable[str]]) -> Tokenizer:
   """The tokenizer `data_config.tokenizer` names. SentencePiece, in order: `spm_model_path` if
   set; else `<workdir>/tokenizer.model` if it exists (a resumed run keeps its ids); else one
-  trained on `training_texts()` and saved there."""
+  trained on `training_texts()` and saved there. "bpe" likewise with `<workdir>/tokenizer.json`
+  (`hf_tokenizer.build_bpe`); "hf:<spec>" loads the tokenizer `spec` names."""
   kind = data_config.tokenizer
   if kind == "byte":
     return ByteTokenizer()
+  if kind.startswith("hf:"):
+    return load_hf_tokenizer(kind[len("hf:"):])
+  if kind == "bpe":
+    return build_bpe(data_config, workdir, training_texts)
   if kind != "sentencepiece":
-    raise DataError(f"data.tokenizer is '{kind}'; use 'byte' or 'sentencepiece'.")
+    raise DataError(f"data.tokenizer is '{kind}'; use 'byte', 'sentencepiece', 'bpe' or "
+                    "'hf:<tokenizer.json | folder | hub name>'.")
   if data_config.spm_model_path:
     return SentencePieceTokenizer.load(data_config.spm_model_path)
   path = epath.Path(workdir) / TOKENIZER_FILENAME if workdir else None

@@ -16,7 +16,7 @@ from simplified_flax.model import valproj
 SCHEDULES = ("linear", "cosine", "rsqrt", "constant")
 OPTIMIZERS = ("adamw", "muon")   # optimizer.name (training/optimizer.py builds each)
 PARALLEL_MODES = ("jit", "pmap")
-TOKENIZERS = ("byte", "sentencepiece")
+TOKENIZERS = ("byte", "sentencepiece", "bpe")   # or "hf:<tokenizer.json | folder | hub name>"
 
 
 class ConfigError(ValueError):
@@ -122,8 +122,9 @@ def _model_structure_rules(m) -> None:
 
 
 def _training_rules(config) -> None:
-  for name in ("batch_size", "num_train_steps", "grad_accum_steps"):
+  for name in ("batch_size", "grad_accum_steps"):
     _int_at_least(config, name, 1)
+  _int_at_least(config, "num_train_steps", 1, unset="one epoch of the prepared training data")
   require(config.batch_size % config.grad_accum_steps == 0,
           f"grad_accum_steps={config.grad_accum_steps} must divide batch_size="
           f"{config.batch_size}.")
@@ -181,14 +182,25 @@ def _optimizer_rules(config) -> None:
 def _data_rules(config) -> None:
   d = config.data
   require(isinstance(d.name, str) and d.name.strip() != "",
-          f"data.name={d.name!r} must name a dataset: 'python_code', 'text_files' or a "
-          f"tensorflow-datasets name.")
+          f"data.name={d.name!r} must name a dataset: 'python_code', 'text_files', "
+          f"'hf:<hub name | folder | files>' or a tensorflow-datasets name.")
   require(d.name != "text_files" or bool(d.paths),
           "data.name='text_files' needs data.paths: give comma-separated files or globs, "
           "e.g. --config.data.paths='corpus/*.txt'.")
-  one_of(d.tokenizer, TOKENIZERS, "data.tokenizer")
+  if not (isinstance(d.tokenizer, str) and d.tokenizer.startswith("hf:")):
+    one_of(d.tokenizer, TOKENIZERS, "data.tokenizer")
+  require(d.tokenizer != "hf:" and d.name != "hf:",
+          "data.name / data.tokenizer 'hf:' needs what follows it: a hub name, folder or file, "
+          "e.g. --config.data.tokenizer=hf:tokenizer.json.")
   _int_at_least(config, "data.spm_vocab_size", 5, " (4 special pieces + 1)")
   _int_at_least(config, "data.spm_train_chars", 1)
+  for field, low, why in (("bpe_vocab_size", 259, " (3 special ids + 256 bytes)"),
+                          ("bpe_train_chars", 1, ""), ("max_train_docs", 0, " (0: all)"),
+                          ("max_eval_docs", 0, " (0: all)")):
+    if field in d:     # configs saved before these fields existed lack them
+      _int_at_least(config, f"data.{field}", low, why)
+  if "shuffle_seed" in d:
+    _int_at_least(config, "data.shuffle_seed", 0, unset="the dataset's order")
   _in_range(config, "data.mlm_rate", 0, 1, low_open=True, high_open=True)
   for field in ("shuffle_buffer", "shard_docs"):   # only some pipelines have them
     if field in d:

@@ -38,7 +38,7 @@ def check_tfds_available(data_config) -> None:
   name = data_config.name
   data_dir = data_config.tfds_data_dir or os.environ.get(
       "TFDS_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
-  if name in LOCAL_DATASETS or is_prepared(name, data_dir) or network_reachable():
+  if name in LOCAL_DATASETS or name.startswith("hf:") or is_prepared(name, data_dir) or network_reachable():
     return
   raise DataError(f"data.name: the dataset '{name}' is not prepared in '{data_dir}' and there "
                   f"is no network to download it. Prepare it where there is network "

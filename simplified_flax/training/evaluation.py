@@ -40,12 +40,20 @@ def run_eval(eval_fn: Callable, state, batches: Iterable[dict], placement) -> di
 
 def input_pipeline(config, workdir: str, pipeline=None):
   """`pipeline`, or the config's own (built on process 0 first); sets a None
-  `config.model.vocab_size` from its tokenizer."""
+  `config.model.vocab_size` from its tokenizer and a None `config.num_train_steps` to one epoch
+  of its training rows (printing the plan)."""
   if pipeline is None:
     from simplified_flax.data import build_pipeline  # pylint: disable=import-outside-toplevel
     pipeline = primary_first(lambda: build_pipeline(config, workdir=workdir), "data")
   if config.model.vocab_size is None:
     config.model.vocab_size = pipeline.tokenizer.vocab_size
+  if config.num_train_steps is None:   # one epoch: known once the data is prepared
+    config.num_train_steps = pipeline.train.batches_per_epoch
+    rows, steps = pipeline.train.source, config.num_train_steps
+    if jax.process_index() == 0:
+      print(f"Plan: one epoch of {rows.num_docs:,} documents = {rows.num_rows:,} windows of "
+            f"{rows.seq_len} tokens = {steps:,} steps of {config.batch_size} "
+            f"({steps * config.batch_size * rows.seq_len:,} tokens).", flush=True)
   return pipeline
 
 
@@ -59,12 +67,14 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def load_tokenizer(config, workdir: str):
-  """The run's tokenizer: byte, or the SentencePiece model the run saved (never trains one)."""
+  """The run's tokenizer: byte, hf:, or the SentencePiece model / BPE the run saved (never
+  trains one)."""
   from simplified_flax.data import tokenizers  # pylint: disable=import-outside-toplevel
 
   def no_training_texts():
-    raise DataError(f"{workdir} holds no {tokenizers.TOKENIZER_FILENAME} and data.spm_model_path "
-                    "is unset: use the tokenizer the run was trained with.")
+    raise DataError(f"{workdir} holds no trained tokenizer ({tokenizers.TOKENIZER_FILENAME} or "
+                    "tokenizer.json) and data.spm_model_path is unset: use the tokenizer the run "
+                    "was trained with.")
   return tokenizers.build_tokenizer(config.data, workdir, no_training_texts)
 
 
