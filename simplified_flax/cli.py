@@ -178,13 +178,14 @@ def is_disk_full(error: BaseException) -> bool:
 def _user_error_types():
   # Imported here: this module is imported before JAX, for the start-up SIGTERM handler.
   # pylint: disable=import-outside-toplevel
+  from simplified_flax.authors import ConversionError
   from simplified_flax.data.errors import DataError
   from simplified_flax.runs import checkpoints
   from simplified_flax.runs import nonfinite
   from simplified_flax.runs import workdir_lock
   from simplified_flax.runs.config_checks import ConfigError
   usage = (ConfigError, UnknownOverrideError, app.UsageError)
-  other = (DataError, checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
+  other = (DataError, ConversionError, checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
            checkpoints.WorkdirError, workdir_lock.WorkdirLockedError,
            nonfinite.NonFiniteLossError, distributed_failure.PeerLostError)
   return usage, other
