@@ -1,21 +1,20 @@
 """The authors' checkpoints in both directions: their state dict read by a numpy forward pass
 written here from their code's equations (no torch), exact round trips, workdirs that evaluate
-and sample read, one-line refusals. Where torch and their package are importable, their model
+and sample read (refusals: test_convert_errors.py). Where torch and their package are importable, their model
 loads what --to_authors writes and gives the same logits."""
 import json
 import os
-import subprocess
-import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.special import erf
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from conftest import DECODER_VARIANTS, tiny_config
-from simplified_flax.authors import ConversionError, config_map, dirs, params_map
+from simplified_flax.authors import config_map, dirs, params_map
 from simplified_flax.model import layer_stack
 from simplified_flax.model.transformer import build_model
 from simplified_flax.runs import config_checks
@@ -166,7 +165,6 @@ def test_a_swapped_query_and_key_would_be_caught():
   kernel = params["h_0"]["attn"]["c_attn"]["kernel"]
   D = config.model.n_embd
   params["h_0"]["attn"]["c_attn"]["kernel"] = jnp.concatenate([kernel[:, D:], kernel[:, :D]], 1)
-  import tempfile
   with tempfile.TemporaryDirectory() as folder:
     _write_theirs(folder, config, params)
     assert not np.allclose(np.asarray(logits_TV), numpy_logits(folder, TOKENS_T), atol=1e-3)
@@ -197,3 +195,31 @@ def test_workdir_round_trip_is_bitwise_and_its_logits_are_the_numpy_ones(variant
   written = json.loads((back / "config.json").read_text())
   assert written.pop("bos_token_id") == written.pop("eos_token_id") == 1
   assert written == json.loads((theirs / "config.json").read_text())
+
+
+# ------------------------------------------------------------------------------------------
+# Their own model, where torch, transformers and their package are importable (not in CI).
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", ["preln", "sas_p", "op"])
+def test_their_model_loads_what_to_authors_writes_and_gives_the_same_logits(variant, tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  model_utils = pytest.importorskip("simplified_transformers.model_utils")
+  config = _tiny(variant, attention_impl="explicit")
+  if variant.startswith("sas") and not torch.cuda.is_available():
+    pytest.skip("their reparameterised Value layer puts its fixed matrix on CUDA")
+  model, variables, params = _perturbed_params(config)
+  _write_theirs(tmp_path, config, params)
+  hf_config = transformers.GPT2Config.from_pretrained(str(tmp_path))
+  theirs = model_utils.convertGPT2model(transformers.GPT2LMHeadModel(hf_config), hf_config)
+  state = {k: torch.from_numpy(v) for k, v in load_file(str(tmp_path / "model.safetensors"))
+           .items()}
+  result = theirs.load_state_dict(state, strict=False)
+  assert not result.unexpected_keys and set(result.missing_keys) <= {params_map.HEAD}
+  theirs.tie_weights()
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  with torch.no_grad():
+    logits_TV = theirs.to(device).eval()(torch.from_numpy(TOKENS_T)[None].to(device)).logits[0]
+  expected_TV = model.apply({**variables, "params": params}, TOKENS_T[None])[0]
+  np.testing.assert_allclose(logits_TV.cpu().numpy(), np.asarray(expected_TV), rtol=2e-4,
+                             atol=2e-4)
