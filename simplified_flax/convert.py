@@ -31,12 +31,12 @@ def main(argv) -> None:
           f"config is configs/{done.variant}.py with model fields of theirs. Continue training "
           f"with: python -m simplified_flax.train --config={done.variant}{overrides} "
           f"--workdir={done.out}", flush=True)
+    for note in done.notes:
+      print(f"Note: {note}", flush=True)
   else:
     done = dirs.authors_from_workdir(f.workdir, f.to_authors, step=f.step)
     print(f"Wrote {done.out} ({dirs.SAFETENSORS_FILE} + config.json) from "
           f"{'; '.join(done.notes)}.", flush=True)
-  for note in done.notes if f.from_authors is not None else ():
-    print(f"Note: {note}", flush=True)
 
 
 if __name__ == "__main__":

@@ -223,3 +223,23 @@ def test_their_model_loads_what_to_authors_writes_and_gives_the_same_logits(vari
   expected_TV = model.apply({**variables, "params": params}, TOKENS_T[None])[0]
   np.testing.assert_allclose(logits_TV.cpu().numpy(), np.asarray(expected_TV), rtol=2e-4,
                              atol=2e-4)
+
+
+def test_a_scanned_workdir_is_written_unrolled(tmp_path):
+  from simplified_flax.runs import checkpoints
+  from simplified_flax.training.step import create_train_state
+  config = _tiny("preln", n_layer=3, scan_layers=True)
+  unscanned = _tiny("preln", n_layer=3)
+  _, _, params = _perturbed_params(unscanned)
+  state = create_train_state(config, jax.random.PRNGKey(0))
+  state = state.replace(params=layer_stack.stack_layers(params, config.model))
+  manager = checkpoints.make_manager(str(tmp_path / "work"), 1, 1, async_save=False)
+  checkpoints.save(manager, 0, state, {}, config.to_dict(), {})
+  manager.wait_until_finished()
+  manager.close()
+  (tmp_path / "work" / "config.json").write_text(json.dumps(config.to_dict()))
+  dirs.authors_from_workdir(str(tmp_path / "work"), str(tmp_path / "theirs"))
+  written = load_file(str(tmp_path / "theirs" / "model.safetensors"))
+  expected = params_map.to_state_dict(params, unscanned.model)
+  assert written.keys() == expected.keys()
+  assert all(np.array_equal(written[k], expected[k]) for k in expected)

@@ -8,6 +8,11 @@ biases, their fixed gains: a Parameter with requires_grad=False there, a constan
 Their checkpoints store no fixed matrix W0 of a reparameterised Value/Proj, so only identity
 ones (`init_type="id"`, as in SAS) convert. The head is tied to `transformer.wte.weight`:
 `lm_head.weight` is left out as Hugging Face's `save_pretrained` leaves it out.
+
+Reading, a constant of theirs that their forward pass reads must hold the config's value; one
+it never reads (the gain of a skip that is absent, a trainable gain of an unused term) is not
+checked, and writing gives it the config's value, so their file round-trips bit for bit
+except there, and this code's parameters always do.
 """
 import dataclasses
 from typing import Any
@@ -147,6 +152,10 @@ def from_state_dict(tensors: dict[str, np.ndarray], m, shapes: dict[tuple, tuple
   first missing, unexpected, misshapen or non-float tensor, and a constant that differs from
   the config where their forward pass reads it."""
   entries = layout(m)
+  mapped = {e.path for e in entries if e.path is not None}
+  if mapped != set(shapes):
+    raise ConversionError(f"{where}: no tensor of theirs maps to {sorted(set(shapes) - mapped)}"
+                          f" here (or none here to {sorted(mapped - set(shapes))}).")
   expected = {e.name for e in entries}
   unexpected = sorted(set(tensors) - expected - {HEAD})
   missing = [e.name for e in entries if e.name not in tensors]
@@ -175,10 +184,6 @@ def from_state_dict(tensors: dict[str, np.ndarray], m, shapes: dict[tuple, tuple
                                             params["wte"]["embedding"]):
     raise ConversionError(f"{where}: {HEAD} differs from transformer.wte.weight; this code's "
                           "head is tied to the token embedding.")
-  mapped = {e.path for e in entries if e.path is not None}
-  if mapped != set(shapes):
-    raise ConversionError(f"{where}: no tensor of theirs maps to {sorted(set(shapes) - mapped)}"
-                          f" here (or none here to {sorted(mapped - set(shapes))}).")
   return params
 
 
