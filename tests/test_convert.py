@@ -1,7 +1,7 @@
 """The authors' checkpoints in both directions: their state dict read by a numpy forward pass
 written here from their code's equations (no torch), exact round trips, workdirs that evaluate
-and sample read (refusals: test_convert_errors.py). Where torch and their package are importable, their model
-loads what --to_authors writes and gives the same logits."""
+and sample read (the refusals: test_convert_errors.py). Where torch and their package are
+importable, their model loads what --to_authors writes and gives the same logits."""
 import json
 import os
 import tempfile
@@ -151,6 +151,7 @@ def test_their_state_dict_gives_the_numpy_logits_and_round_trips_exactly(variant
   theirs, tensors = dirs.read_authors_dir(str(tmp_path))
   fields = config_map.model_fields(theirs)
   assert {k: config.model[k] for k in fields} == fields
+  assert dirs.workdir_config(fields)[1] == variant   # the config a converted workdir starts from
   back = params_map.from_state_dict(tensors, config.model, _param_shapes(config.model), "t")
   assert jax.tree.structure(back) == jax.tree.structure(params)
   for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
