@@ -244,3 +244,20 @@ def test_a_scanned_workdir_is_written_unrolled(tmp_path):
   expected = params_map.to_state_dict(params, unscanned.model)
   assert written.keys() == expected.keys()
   assert all(np.array_equal(written[k], expected[k]) for k in expected)
+
+
+def test_training_continues_from_a_converted_workdir(tmp_path):
+  from simplified_flax.train import train_and_evaluate
+  from test_loop import make_config, write_corpus
+  config = _tiny("sas_p", vocab_size=300)   # the byte tokenizer's ids fit
+  _, _, params = _perturbed_params(config)
+  _write_theirs(tmp_path / "theirs", config, params)
+  work = str(tmp_path / "work")
+  done = dirs.workdir_from_authors(str(tmp_path / "theirs"), work)
+  overrides = {**write_corpus(tmp_path), **{f"model.{k}": v for k, v in done.overrides.items()},
+               "num_train_steps": 2, "batch_size": 4, "eval_every_steps": 0}
+  train_and_evaluate(make_config(overrides, done.variant), work, tensorboard=False)
+  restored = restore_read_only(work, load_config(work))
+  assert restored.step == 2
+  moved = restored.state.params["h_0"]["mlp"]["c_fc"]["kernel"]
+  assert not np.array_equal(np.asarray(moved), np.asarray(params["h_0"]["mlp"]["c_fc"]["kernel"]))
