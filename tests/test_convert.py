@@ -148,7 +148,7 @@ def test_their_state_dict_gives_the_numpy_logits_and_round_trips_exactly(variant
   expected_TV = numpy_logits(tmp_path, TOKENS_T)
   np.testing.assert_allclose(np.asarray(logits_TV), expected_TV, rtol=2e-4, atol=2e-4)
   assert np.abs(expected_TV).max() > 0.1   # not a vanishing output that any mapping matches
-  theirs, tensors = dirs.read_authors_dir(str(tmp_path))
+  theirs, tensors, _ = dirs.read_authors_dir(str(tmp_path))
   fields = config_map.model_fields(theirs)
   assert {k: config.model[k] for k in fields} == fields
   assert dirs.workdir_config(fields)[1] == variant   # the config a converted workdir starts from

@@ -43,8 +43,9 @@ def require_new_folder(path: str) -> None:
                           "overwrites: give a new output folder.")
 
 
-def read_authors_dir(src: str) -> tuple[dict, dict]:
-  """(their config dict, their state dict as numpy arrays) of the run folder `src`."""
+def read_authors_dir(src: str) -> tuple[dict, dict, str]:
+  """(their config dict, their state dict as numpy arrays, the weights file) of the run
+  folder `src`."""
   config_path = os.path.join(src, CONFIG_FILE)
   if not os.path.isfile(config_path):
     raise ConversionError(f"{config_path} does not exist: --from_authors takes the folder of "
@@ -57,12 +58,12 @@ def read_authors_dir(src: str) -> tuple[dict, dict]:
   if os.path.isfile(weights):
     from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
     try:
-      return config, load_file(weights)
+      return config, load_file(weights), weights
     except Exception as e:  # pylint: disable=broad-except  (safetensors' own error types)
       raise ConversionError(f"{weights} does not load as safetensors ({e}).") from None
   weights = os.path.join(src, TORCH_FILE)
   if os.path.isfile(weights):
-    return config, _torch_state_dict(weights)
+    return config, _torch_state_dict(weights), weights
   raise ConversionError(f"{src} holds neither {SAFETENSORS_FILE} nor {TORCH_FILE}.")
 
 
@@ -112,7 +113,7 @@ def workdir_from_authors(src: str, out: str, seed: int = 0) -> Converted:
   from simplified_flax.runs import checkpoints, config_checks
   from simplified_flax.training.step import create_train_state
   require_new_folder(out)
-  theirs, tensors = read_authors_dir(src)
+  theirs, tensors, weights = read_authors_dir(src)
   config, variant, overrides = workdir_config(config_map.model_fields(
       theirs, os.path.join(src, CONFIG_FILE)))
   config.seed = seed
@@ -128,8 +129,7 @@ def workdir_from_authors(src: str, out: str, seed: int = 0) -> Converted:
   shapes = {tuple(k.key for k in path): tuple(x.shape) for path, x in
             jax.tree_util.tree_leaves_with_path(
                 parameters.variable_shapes(config.model)["params"])}
-  params = params_map.from_state_dict(tensors, config.model, shapes,
-                                      os.path.join(src, SAFETENSORS_FILE))
+  params = params_map.from_state_dict(tensors, config.model, shapes, weights)
   state = create_train_state(config, jax.random.PRNGKey(seed))
   state = state.replace(params=jax.tree.map(jnp.asarray, params))
   config_dict = config.to_dict()
