@@ -176,14 +176,21 @@ def test_a_swapped_query_and_key_would_be_caught():
 # ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("variant", ["preln", "sas_p"])
 def test_workdir_round_trip_is_bitwise_and_its_logits_are_the_numpy_ones(variant, tmp_path):
-  config = _tiny(variant, attention_impl="explicit")
+  config = _tiny(variant, attention_impl="explicit", vocab_size=300)
   _, _, params = _perturbed_params(config)
   theirs, work, back = tmp_path / "theirs", str(tmp_path / "work"), tmp_path / "back"
   _write_theirs(theirs, config, params)
+  spm = variant == "sas_p"   # this one with a SentencePiece model, which travels both ways
+  if spm:
+    from simplified_flax.data import tokenizers
+    letters = np.random.default_rng(0).choice(list("abcdefgh"), (2000, 4))
+    (theirs / "tokenizer.model").write_bytes(tokenizers.train_sentencepiece(
+        [" ".join("".join(w) for w in letters)], vocab_size=290, max_chars=100_000))
   done = dirs.workdir_from_authors(str(theirs), work)
   assert done.variant == variant
   assert set(done.overrides) <= {"n_layer", "n_embd", "n_head", "vocab_size", "context_length"}
   saved = load_config(work)
+  assert saved.data.tokenizer == ("sentencepiece" if spm else "byte")
   restored = restore_read_only(work, saved)     # what evaluate and sample read
   assert restored.step == 0 and restored.meta["converted_from"] == str(theirs)
   logits_TV = build_model(saved.model).apply(
@@ -193,6 +200,8 @@ def test_workdir_round_trip_is_bitwise_and_its_logits_are_the_numpy_ones(variant
   dirs.authors_from_workdir(work, str(back))
   a, b = (load_file(str(f / "model.safetensors")) for f in (theirs, back))
   assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+  if spm:
+    assert (back / "tokenizer.model").read_bytes() == (theirs / "tokenizer.model").read_bytes()
   written = json.loads((back / "config.json").read_text())
   assert written.pop("bos_token_id") == written.pop("eos_token_id") == 1
   assert written == json.loads((theirs / "config.json").read_text())

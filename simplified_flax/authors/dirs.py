@@ -120,8 +120,11 @@ def workdir_from_authors(src: str, out: str, seed: int = 0) -> Converted:
   notes = []
   spm_path = os.path.join(src, SPM_FILE)
   if os.path.isfile(spm_path):
-    config.data.tokenizer = "sentencepiece"
-    config.data.spm_vocab_size = tokenizers.SentencePieceTokenizer.load(spm_path).vocab_size
+    pieces = tokenizers.SentencePieceTokenizer.load(spm_path).vocab_size
+    if pieces > config.model.vocab_size:
+      raise ConversionError(f"{spm_path} has {pieces} pieces, more than the model's vocab_size "
+                            f"{config.model.vocab_size}: not the tokenizer of this model.")
+    config.data.tokenizer, config.data.spm_vocab_size = "sentencepiece", pieces
   else:
     notes.append(f"{src} holds no {SPM_FILE}: the workdir's data.tokenizer is "
                  f"{config.data.tokenizer!r}; set data.* for your data before evaluating.")
