@@ -180,6 +180,7 @@ def _user_error_types():
   # pylint: disable=import-outside-toplevel
   from simplified_flax.aot import targets
   from simplified_flax.aot.programs import DoesNotFitError
+  from simplified_flax.authors import ConversionError
   from simplified_flax.data.errors import DataError
   from simplified_flax.runs import checkpoints
   from simplified_flax.runs import nonfinite
@@ -187,9 +188,10 @@ def _user_error_types():
   from simplified_flax.runs.config_checks import ConfigError
   usage = (ConfigError, UnknownOverrideError, app.UsageError, targets.TargetError,
            targets.MissingBackendError)
-  other = (DataError, DoesNotFitError, checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
-           checkpoints.WorkdirError, workdir_lock.WorkdirLockedError,
-           nonfinite.NonFiniteLossError, distributed_failure.PeerLostError)
+  other = (DataError, DoesNotFitError, ConversionError, checkpoints.IncompatibleCheckpointError,
+           checkpoints.CheckpointError, checkpoints.WorkdirError,
+           workdir_lock.WorkdirLockedError, nonfinite.NonFiniteLossError,
+           distributed_failure.PeerLostError)
   return usage, other
 
 

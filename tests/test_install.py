@@ -32,7 +32,7 @@ def test_requirements_txt_holds_the_runtime_and_the_cpu_ci_extras():
   lines = [l.split("#")[0].strip() for l in (REPO / "requirements.txt").read_text().splitlines()]
   listed = {_name(l) for l in lines if l}
   extras = PROJECT["optional-dependencies"]
-  wanted = PROJECT["dependencies"] + [r for e in ("data", "hf", "test", "experiments")
+  wanted = PROJECT["dependencies"] + [r for e in ("data", "hf", "test", "experiments", "convert")
                                       for r in extras[e]]
   assert {_name(r) for r in wanted} - {"jax"} <= listed
   assert any(l.startswith("jax[cpu]") for l in lines)     # the CPU backend, as [cpu]
@@ -78,7 +78,8 @@ def test_the_entry_points_help_names_only_files_that_exist():
   package = REPO / "simplified_flax"
   files = {p.name for p in REPO.rglob("*.py")} | {
       str(p.relative_to(root)) for root in (package, REPO) for p in root.rglob("*.py")}
-  for cli in ("train", "evaluate", "sample", "finetune", "prepare", "params", "benchmark"):
+  for cli in ("train", "evaluate", "sample", "finetune", "prepare", "params", "benchmark",
+              "convert"):
     text = (REPO / "simplified_flax" / f"{cli}.py").read_text().split('"""')[1]
     for name in re.findall(r"[\w/]+\.py\b", text):
       assert name in files, f"simplified_flax/{cli}.py's help names {name}, which does not exist"
