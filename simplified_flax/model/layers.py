@@ -116,17 +116,6 @@ def tied_head(x_BTD, embedding_VD, dtype) -> jax.Array:
   return jnp.einsum("btd,dv->btv", x_BTD, table_DV, preferred_element_type=jnp.float32)
 
 
-@jax.custom_jvp
-def relu(x):
-  """`jax.nn.leaky_relu(x, 0.0)`: max(x, 0), derivative 1 where x >= 0 (at 0 too) and 0 below.
-  Written as a maximum, which XLA fuses into the GEMM that makes x; leaky_relu's select with a
-  zero slope is not fused and moves the [tokens, F] activation once more."""
-  return jnp.maximum(x, 0)
-
-
-relu.defjvps(lambda t, _, x: jnp.where(x >= 0, t, jnp.zeros_like(t)))
-
-
 class MLP(nn.Module):
   """`act(x @ W_fc) @ W_proj`, both without bias, N(0, 0.02) (W_proj: N(0, mlp_proj_init_std)),
   F = mlp_width_mult * D."""
@@ -141,6 +130,5 @@ class MLP(nn.Module):
       h_BTF = jax.nn.gelu(h_BTF, approximate=False)
     else:
       assert m.activation == "leaky_relu", m.activation
-      h_BTF = (relu(h_BTF) if m.lrelu_neg_slope == 0
-               else jax.nn.leaky_relu(h_BTF, m.lrelu_neg_slope))
+      h_BTF = jax.nn.leaky_relu(h_BTF, m.lrelu_neg_slope)
     return dense(D, self.dtype, "c_proj", kernel_init("normal", m.mlp_proj_init_std))(h_BTF)
