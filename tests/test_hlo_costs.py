@@ -22,3 +22,20 @@ def test_hlo_costs_count_matmuls_and_loop_trips():
   assert sum(k.flops * k.runs for k in matmuls) == 5 * 2 * 16 * 32 * 32
   assert all(k.runs == 5 and k.bytes >= 4 * (16 * 32 + 32 * 32 + 16 * 32) for k in matmuls)
   assert program.module.startswith("jit_f")
+
+
+def test_hlo_costs_leave_a_gemm_workspace_out():
+  """A cuBLAS GEMM returns (result, s8 workspace): only the result counts, FLOPs and bytes."""
+  hlo = """HloModule jit_g, entry_computation_layout={(bf16[64,32]{1,0}, bf16[32,16]{1,0})->bf16[64,16]{1,0}}
+
+ENTRY %main (x: bf16[64,32], w: bf16[32,16]) -> bf16[64,16] {
+  %x = bf16[64,32]{1,0} parameter(0)
+  %w = bf16[32,16]{1,0} parameter(1)
+  %gemm = (bf16[64,16]{1,0}, s8[4194304]{0}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  ROOT %out = bf16[64,16]{1,0} get-tuple-element(%gemm), index=0
+}
+"""
+  gemm = hlo_costs.parse(hlo).kernels["gemm"]
+  assert gemm.is_matmul
+  assert gemm.flops == 2 * 64 * 16 * 32
+  assert gemm.bytes == 2 * (64 * 32 + 32 * 16 + 64 * 16)

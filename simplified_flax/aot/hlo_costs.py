@@ -17,6 +17,10 @@ Counting rules (XLA's own cost-analysis conventions, applied per instruction):
     calls other than GEMMs (e.g. cuDNN attention) count none.
   * bytes: the kernel's operands plus its result, i.e. what it reads and writes in memory
     (a fusion's intermediates stay in registers and are not counted).
+  * A GEMM custom call (e.g. `__cublas$lt$matmul`) returns a tuple (result, s8[...] workspace):
+    only the first element is its result, for FLOPs and bytes alike; the workspace is scratch
+    the library may leave untouched, and counting it as result elements would inflate a
+    weight-gradient GEMM's FLOPs several times over.
   * runs: executions per call of the program: 1 in the entry computation, times the known
     trip count of each enclosing `while` loop (XLA's `known_trip_count`; 1 when unknown).
 """
@@ -148,9 +152,18 @@ def _is_gemm(inst: Instruction) -> bool:
       key in target.group(1).lower() for key in GEMM_TARGETS)
 
 
+def result_shape(inst: Instruction) -> str:
+  """The shape of what `inst` produces: a GEMM custom call's first tuple element (its
+  workspace left out), else the whole shape."""
+  if _is_gemm(inst) and inst.shape.startswith("("):
+    found = _SHAPE.search(inst.shape)
+    return found.group(0) if found else inst.shape
+  return inst.shape
+
+
 def _flops(inst: Instruction, shapes, computations, called) -> float:
   if inst.opcode in ("dot", "convolution") or _is_gemm(inst):
-    return 2.0 * shape_elements(inst.shape) * _contracted(inst, shapes)
+    return 2.0 * shape_elements(result_shape(inst)) * _contracted(inst, shapes)
   if inst.opcode == "fusion":
     return sum(_flops(i, shapes, computations, called) for c in called.get(inst.name, ())
                for i in computations.get(c, ()))
@@ -193,7 +206,7 @@ def parse(hlo_text: str) -> Program:
       continue   # fused computations' members run inside their fusion's kernel
     inst.runs = runs[inst.computation]
     inst.flops = _flops(inst, shapes, computations, called)
-    inst.bytes = shape_bytes(inst.shape) + sum(shape_bytes(shapes.get(o, ""))
+    inst.bytes = shape_bytes(result_shape(inst)) + sum(shape_bytes(shapes.get(o, ""))
                                                for o in inst.operands)
     inst.is_matmul = _has_matmul(inst, computations, called)
     kernels[name] = inst

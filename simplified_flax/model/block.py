@@ -137,9 +137,10 @@ class Block(nn.Module):
       if m.norm_type != "none":
         norm2(h_BTD)   # created, unread: see the class docstring
       out_BTD = mlp_resid * mlp_fn(h_BTD) + attn_resid * attn_fn(h_BTD)
-      if m.mlp_block_skip_gain != 0:   # never trainable in the parallel form
-        out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD
-      return out_BTD.astype(self.dtype)
+      if m.mlp_block_skip_gain == 0:
+        return out_BTD.astype(self.dtype)
+      out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD   # never trainable in this form
+      return layers.in_dtype(out_BTD, self.dtype)
 
     # Sequential, Eq. (1), with the norm placed per norm_position; a zero skip is omitted.
     assert m.norm_position in ("pre", "post"), m.norm_position
@@ -148,7 +149,9 @@ class Block(nn.Module):
       if m.norm_position == "post":
         x_BTD = norm(x_BTD)
       out_BTD = resid * branch(norm(x_BTD) if m.norm_position == "pre" else x_BTD)
-      if m[f"{kind}_block_skip_gain"] != 0:
-        out_BTD = out_BTD + block_gain(f"{kind}_block_skip_gain", kind) * x_BTD
-      x_BTD = out_BTD.astype(self.dtype)
+      if m[f"{kind}_block_skip_gain"] == 0:
+        x_BTD = out_BTD.astype(self.dtype)   # a lone branch: XLA may fuse the cast onwards
+        continue
+      out_BTD = out_BTD + block_gain(f"{kind}_block_skip_gain", kind) * x_BTD
+      x_BTD = layers.in_dtype(out_BTD, self.dtype)   # a residual sum: held in the dtype
     return x_BTD

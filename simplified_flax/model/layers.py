@@ -36,6 +36,15 @@ class RMSNorm(nn.Module):
     return (scale * x32 / (rms + self.eps)).astype(self.dtype)
 
 
+def in_dtype(x, dtype) -> jax.Array:
+  """`x.astype(dtype)`, held there: a narrower `dtype` is really stored. XLA's excess-precision
+  rewrite would otherwise drop the rounding of a value that is cast back up (the residual
+  stream into the next norm) and move it, forward and backward, in float32: the same maths at
+  twice the bytes. The barrier keeps the rounding the code asks for; in float32 it is a no-op."""
+  x = x.astype(dtype)
+  return x if x.dtype == jnp.float32 else jax.lax.optimization_barrier(x)
+
+
 def make_norm(norm_type: str, eps: float, dtype, name: str) -> Callable:
   """A norm module ("rmsnorm", "ln"), or the identity for "none"."""
   if norm_type == "rmsnorm":
