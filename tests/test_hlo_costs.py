@@ -1,4 +1,4 @@
-"""experiments/hlo_costs.py: a kernel's FLOPs, bytes and runs read from optimized HLO."""
+"""simplified_flax/aot/hlo_costs.py: a kernel's FLOPs, bytes and runs read from optimized HLO."""
 import sys
 
 import jax
