@@ -130,6 +130,9 @@ def data_config() -> ml_collections.ConfigDict:
   d.max_eval_docs = 0
   d.shuffle_seed = _placeholder(int)  # hf: datasets' shuffle(seed) before the selection
                                       # (None: the dataset's order)
+  d.streaming = False                # hf: read a hub name / data files as an IterableDataset
+                                     # (first N by .take; not with shuffle_seed: the exact
+                                     # selection needs the dataset downloaded)
   d.roots = _placeholder(str)        # comma-separated roots for python_code (default: stdlib)
   d.paths = _placeholder(str)        # comma-separated files/globs for text_files
   d.json_key = "text"                # field of each JSON-lines record that holds the text

@@ -78,6 +78,48 @@ def test_hf_corpora_select_as_datasets_does(files):
   assert both.num_documents("train") == 80 and both.num_documents("validation") == 20
 
 
+def test_streamed_hf_corpora_are_the_first_documents_of_the_downloaded_reading(files, tmp_path):
+  plain = _data(files, **{"data.max_train_docs": 30, "data.max_eval_docs": 5})
+  streamed = _data(files, **{"data.max_train_docs": 30, "data.max_eval_docs": 5,
+                             "data.streaming": True})
+  ours, theirs = open_corpus(streamed.data), open_corpus(plain.data)
+  assert type(ours.splits["train"]).__name__ == "IterableDataset"
+  assert type(ours.splits["validation"]).__name__ == "Dataset"     # a save_to_disk folder
+  expected = list(theirs.documents("train"))
+  assert len(expected) == 30 and list(ours.documents("train")) == expected
+  assert list(ours.documents("train", start=7)) == expected[7:]      # a resumed preparation
+  assert list(ours.documents("validation")) == list(theirs.documents("validation"))
+  assert ours.num_documents("train") == 30
+  assert open_corpus(streamed.data).identity == ours.identity        # stable
+  streamed.data.max_train_docs = 29
+  assert open_corpus(streamed.data).identity != ours.identity        # other documents
+  tok = tokenizers.build_tokenizer(plain.data, None, list)           # the same shards' tokens
+  shards = [preparation.prepare_split(c, "train", tok, str(tmp_path / name), shard_docs=7)
+            for c, name in ((ours, "streamed"), (theirs, "plain"))]
+  assert [s.num_docs for s in shards] == [30, 30]
+  for index in range(shards[0].num_shards):
+    np.testing.assert_array_equal(shards[0].shard(index).tokens_N, shards[1].shard(index).tokens_N)
+  streamed.data.max_train_docs = 81
+  with pytest.raises(DataError, match=r"data.max_train_docs is 81 but the (dataset has|"
+                     r"streamed split 'train' ended after) 80 documents"):  # card, else the end
+    list(open_corpus(streamed.data).documents("train"))
+  (tmp_path / "three.jsonl").write_text("".join(json.dumps({"content": f"d{i}"}) + "\n"
+                                                 for i in range(3)))
+  jsonl = _data(files, **{"data.name": f"hf:{tmp_path / 'three.jsonl'}", "data.streaming": True,
+                          "data.max_train_docs": 4})
+  with pytest.raises(DataError, match=r"max_train_docs is 4 but the streamed split 'train' "
+                     r"ended after 3 documents"):   # no card: found at the end of the stream
+    list(open_corpus(jsonl.data).documents("train"))
+  jsonl.data.text_key = "text"
+  with pytest.raises(DataError, match=r"no column 'text'; its columns are \['content'\]"):
+    list(open_corpus(jsonl.data).documents("train"))
+  streamed.data.shuffle_seed = 0
+  with pytest.raises(DataError, match=r"data.streaming=True with data.shuffle_seed=0: .* needs "
+                     r"it downloaded \(data.streaming=False\)") as error:
+    open_corpus(streamed.data)
+  assert "\n" not in str(error.value)
+
+
 def test_bad_hf_input_is_one_line_naming_what_to_set(files, monkeypatch):
   cases = [({"data.text_key": "text"}, r"no column 'text'; its columns are \['content', "
             r"'number'\]\. Set data\.text_key"),

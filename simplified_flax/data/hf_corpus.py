@@ -12,6 +12,18 @@ documents are `data.train_split` of it; the eval documents `data.eval_split` of 
 subset the way the paper's reference code does it, with datasets' own calls:
 `shuffle(seed=data.shuffle_seed).select(range(data.max_train_docs))` (eval:
 `max_eval_docs`); a None seed keeps the dataset's order, 0 documents means all of them.
+
+`data.streaming=True` reads a hub name or data files as an `IterableDataset`
+(`load_dataset(..., streaming=True)`), for a dataset too big to download whole: the documents
+come in the dataset's order, the first N are `.take(N)` and a resumed preparation `.skip`s
+the documents it has. They are the same documents as the downloaded reading's with no shuffle.
+With `data.shuffle_seed` set it is refused: the reference selection is a permutation of the
+whole dataset (`Dataset.shuffle`), which only the downloaded dataset has; a streamed buffer
+shuffle (`IterableDataset.shuffle(buffer_size=...)`) would silently pick other documents.
+A `save_to_disk` folder is read as a Dataset either way: it is local, memory-mapped Arrow.
+A stream has no content fingerprint, so its identity hashes what fixes its documents instead
+(the builder's hash, which pins a hub dataset's revision, and its config id, which covers the
+data files' paths and modification times, the split and N), not the `streaming` flag.
 """
 import dataclasses
 import glob
@@ -19,6 +31,8 @@ import hashlib
 import os
 import re
 from typing import Any, Iterator
+
+from absl import logging
 
 from simplified_flax.data import hf_hub
 from simplified_flax.data.errors import DataError
@@ -45,9 +59,14 @@ def import_datasets():
 @dataclasses.dataclass(frozen=True)
 class HfCorpus:
   """The selected documents of each split (one text column each), read in a fixed order."""
-  splits: dict[str, Any]   # split name -> datasets.Dataset, selection applied
+  splits: dict[str, Any]   # split name -> datasets.Dataset (or IterableDataset), selection applied
   text_key: str
   identity: str
+  # Streamed splits: split name -> (N of .take(N), 0 for all; its field), checked at the end.
+  takes: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
+
+  def _streamed(self, split: str) -> bool:
+    return split in self.takes
 
   def check_split(self, split: str) -> None:
     if split not in self.splits:
@@ -56,11 +75,21 @@ class HfCorpus:
 
   def num_documents(self, split: str) -> int:
     self.check_split(split)
+    if self._streamed(split):   # N, else what the dataset's card says, else unknown
+      return self.takes[split][0] or _info_of(self.splits[split], split, "num_examples")
     return len(self.splits[split])
 
-  def split_num_bytes(self, split: str) -> int:
-    """The Arrow bytes of the text column, scaled to the selected share of its rows."""
+  def split_num_bytes(self, split: str) -> int | None:
+    """The Arrow bytes of the text column, scaled to the selected share of its rows (a stream:
+    the dataset card's bytes of the split so scaled, None when it has none)."""
     ds = self.splits[split]
+    if self._streamed(split):
+      total_bytes = _info_of(ds, split, "num_bytes")
+      total_docs = _info_of(ds, split, "num_examples")
+      n = self.takes[split][0]
+      if total_bytes is None or (n and not total_docs):
+        return None
+      return int(total_bytes * min(n, total_docs) / total_docs) if n else total_bytes
     table_rows = max(ds.data.num_rows, 1)
     return int(ds.data.nbytes * len(ds) / table_rows)
 
@@ -69,10 +98,29 @@ class HfCorpus:
     skipped by index, not read."""
     self.check_split(split)
     ds = self.splits[split]
+    if self._streamed(split):
+      yield from self._stream(split, start)
+      return
     if start:
       ds = ds.select(range(min(start, len(ds)), len(ds)))
     for batch in ds.iter(batch_size=_READ_BATCH):
       yield from (text or "" for text in batch[self.text_key])
+
+  def _stream(self, split: str, start: int) -> Iterator[str]:
+    n, field = self.takes[split]
+    ds, count = self.splits[split], start
+    if start:
+      ds = ds.skip(start)
+    for batch in ds.iter(batch_size=_READ_BATCH):
+      if self.text_key not in batch:
+        raise DataError(f"data.text_key: the split '{split}' has no column '{self.text_key}'; "
+                        f"its columns are {sorted(batch)}. Set data.text_key to one of them.")
+      texts = batch[self.text_key]
+      count += len(texts)
+      yield from (text or "" for text in texts)
+    if n and count < n:
+      raise DataError(f"{field} is {n:,} but the streamed split '{split}' ended after "
+                      f"{count:,} documents. Set {field} to at most {count:,} (0: all).")
 
 
 def open_hf_corpus(data_config) -> HfCorpus:
@@ -88,21 +136,31 @@ def open_hf_corpus(data_config) -> HfCorpus:
                     f"'{d.train_split}': give the splits different names (a file's documents "
                     "take the name they are asked by).")
   seed = d.get("shuffle_seed")
-  splits = {
-      d.train_split: _subset(_load(datasets, train_source, d.train_split, "data.name"),
-                             seed, d.get("max_train_docs") or 0, "data.max_train_docs"),
-      d.eval_split: _subset(_load(datasets, eval_source or train_source, d.eval_split,
-                                  "data.eval_name" if eval_source else "data.name"),
-                            seed, d.get("max_eval_docs") or 0, "data.max_eval_docs"),
-  }
-  for split, ds in splits.items():
+  streaming = bool(d.get("streaming"))
+  if streaming and seed is not None:
+    raise DataError(f"data.streaming=True with data.shuffle_seed={seed}: the reference selection "
+                    "shuffles the whole dataset, which needs it downloaded (data.streaming=False); "
+                    "unset data.shuffle_seed to stream the first documents in the dataset's order.")
+  splits, fingerprints, takes = {}, {}, {}
+  for split, source, field, max_field in (
+      (d.train_split, train_source, "data.name", "data.max_train_docs"),
+      (d.eval_split, eval_source or train_source, "data.eval_name" if eval_source else "data.name",
+       "data.max_eval_docs")):
+    max_docs = d.get(max_field.split(".")[1]) or 0
+    ds, builder = _load(datasets, source, split, field, streaming)
+    if builder is None:
+      ds = _subset(ds, seed, max_docs, max_field)
+      fingerprints[split] = getattr(ds, "_fingerprint", "")
+    else:
+      ds = _take(ds, split, max_docs, max_field)
+      takes[split] = (max_docs, max_field)
+      fingerprints[split] = f"stream:{builder.hash}:{builder.config_id}:{max_docs}"
     splits[split] = _text_column(ds, d.text_key, split)
-  fingerprints = [f"{split}={getattr(ds, '_fingerprint', '')}"
-                  for split, ds in sorted(splits.items())]
+  fingerprints = [f"{split}={fingerprint}" for split, fingerprint in sorted(fingerprints.items())]
   digest = hashlib.sha256("\0".join(["hf-v1", train_source, eval_source, d.text_key,
                                      *fingerprints]).encode()).hexdigest()[:12]
   slug = re.sub(r"[^\w.-]+", "_", os.path.basename(train_source.rstrip("/")) or "data")
-  return HfCorpus(splits, d.text_key, f"hf/{slug}-{digest}")
+  return HfCorpus(splits, d.text_key, f"hf/{slug}-{digest}", takes)
 
 
 def _data_files(source: str) -> tuple[str, list[str]] | None:
@@ -121,8 +179,9 @@ def _data_files(source: str) -> tuple[str, list[str]] | None:
   return kinds.pop(), [os.path.abspath(f) for f in files]
 
 
-def _load(datasets, source: str, split: str, field: str):
-  """`split` of `source` as a datasets.Dataset."""
+def _load(datasets, source: str, split: str, field: str, streaming: bool = False):
+  """(`split` of `source` as a datasets.Dataset, None), or streamed: (an IterableDataset, its
+  builder), as `load_dataset(..., streaming=True)` makes them (module docstring)."""
   files = _data_files(source)
   is_saved = os.path.isdir(source) and any(
       os.path.exists(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json"))
@@ -132,17 +191,25 @@ def _load(datasets, source: str, split: str, field: str):
     raise DataError(f"{field}: 'hf:{source}' names no existing file, folder or "
                     "matching glob. Check the path.")
   try:
-    if files is not None:   # the files are this split, whatever its name
-      return datasets.load_dataset(files[0], data_files={split: files[1]}, split=split)
     if is_saved:
+      if streaming:
+        logging.info("%s: 'hf:%s' is a local save_to_disk folder, read as it is (memory-mapped); "
+                     "data.streaming does not apply to it.", field, source)
       saved = datasets.load_from_disk(source)
       if not isinstance(saved, datasets.DatasetDict):
-        return saved        # one Dataset: the documents of any split asked for
+        return saved, None  # one Dataset: the documents of any split asked for
       if split not in saved:
         raise _unknown_split(field, source, split, sorted(saved))
-      return saved[split]
-    hf_hub.offline_unless_reachable()
-    return datasets.load_dataset(source, split=split)
+      return saved[split], None
+    if files is not None:   # the files are this split, whatever its name
+      path, kwargs = files[0], {"data_files": {split: files[1]}}
+    else:
+      hf_hub.offline_unless_reachable()
+      path, kwargs = source, {}
+    if streaming:           # load_dataset(..., streaming=True), keeping its builder
+      builder = datasets.load_dataset_builder(path, **kwargs)
+      return builder.as_streaming_dataset(split=split), builder
+    return datasets.load_dataset(path, split=split, **kwargs), None
   except DataError:
     raise
   except ValueError as e:
@@ -180,8 +247,30 @@ def _subset(ds, seed, max_docs: int, field: str):
   return ds
 
 
+def _info_of(ds, split: str, name: str) -> int | None:
+  """`num_examples` / `num_bytes` of `split` from the dataset's card, None when unknown."""
+  info = (getattr(ds.info, "splits", None) or {}).get(split)
+  value = getattr(info, name, None) if info is not None else None
+  return int(value) if value else None
+
+
+def _take(ds, split: str, max_docs: int, field: str):
+  """A stream's first `max_docs` documents (0: all); more than the card says is an error now,
+  more than the stream has one at its end (HfCorpus.documents)."""
+  if not max_docs:
+    return ds
+  total = _info_of(ds, split, "num_examples")
+  if total is not None and max_docs > total:
+    raise DataError(f"{field} is {max_docs:,} but the dataset has {total:,} documents. "
+                    f"Set {field} to at most {total:,} (0: all).")
+  return ds.take(max_docs)
+
+
 def _text_column(ds, text_key: str, split: str):
-  """`ds` with only its `text_key` column, which must hold strings."""
+  """`ds` with only its `text_key` column, which must hold strings (a stream whose features
+  are unknown until read, e.g. json: checked as it is read)."""
+  if ds.features is None:
+    return ds
   if text_key not in ds.column_names:
     raise DataError(f"data.text_key: the split '{split}' has no column '{text_key}'; its "
                     f"columns are {ds.column_names}. Set data.text_key to one of them.")
