@@ -118,6 +118,11 @@ def test_streamed_hf_corpora_are_the_first_documents_of_the_downloaded_reading(f
                      r"it downloaded \(data.streaming=False\)") as error:
     open_corpus(streamed.data)
   assert "\n" not in str(error.value)
+  saved = _data(files, **{"data.name": f"hf:{files / 'saved'}", "data.eval_name": None,
+                          "data.shuffle_seed": 0, "data.streaming": True})   # local: read as is
+  assert open_corpus(saved.data).identity == open_corpus(
+      _data(files, **{"data.name": f"hf:{files / 'saved'}", "data.eval_name": None,
+                      "data.shuffle_seed": 0}).data).identity
 
 
 def test_bad_hf_input_is_one_line_naming_what_to_set(files, monkeypatch):

@@ -20,7 +20,8 @@ the documents it has. They are the same documents as the downloaded reading's wi
 With `data.shuffle_seed` set it is refused: the reference selection is a permutation of the
 whole dataset (`Dataset.shuffle`), which only the downloaded dataset has; a streamed buffer
 shuffle (`IterableDataset.shuffle(buffer_size=...)`) would silently pick other documents.
-A `save_to_disk` folder is read as a Dataset either way: it is local, memory-mapped Arrow.
+A `save_to_disk` folder is read as a Dataset either way (it is local, memory-mapped Arrow), so
+with only such folders the shuffle is the downloaded one and nothing is refused.
 A stream has no content fingerprint, so its identity hashes what fixes its documents instead
 (the builder's hash, which pins a hub dataset's revision, and its config id, which covers the
 data files' paths and modification times, the split and N), not the `streaming` flag.
@@ -137,7 +138,8 @@ def open_hf_corpus(data_config) -> HfCorpus:
                     "take the name they are asked by).")
   seed = d.get("shuffle_seed")
   streaming = bool(d.get("streaming"))
-  if streaming and seed is not None:
+  streamed = [s for s in (train_source, eval_source) if s and not _is_saved(s)]
+  if streaming and seed is not None and streamed:   # the one refused combination (docstring)
     raise DataError(f"data.streaming=True with data.shuffle_seed={seed}: the reference selection "
                     "shuffles the whole dataset, which needs it downloaded (data.streaming=False); "
                     "unset data.shuffle_seed to stream the first documents in the dataset's order.")
@@ -179,12 +181,17 @@ def _data_files(source: str) -> tuple[str, list[str]] | None:
   return kinds.pop(), [os.path.abspath(f) for f in files]
 
 
+def _is_saved(source: str) -> bool:
+  """Whether `source` is a `save_to_disk` folder."""
+  return os.path.isdir(source) and any(
+      os.path.exists(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json"))
+
+
 def _load(datasets, source: str, split: str, field: str, streaming: bool = False):
   """(`split` of `source` as a datasets.Dataset, None), or streamed: (an IterableDataset, its
   builder), as `load_dataset(..., streaming=True)` makes them (module docstring)."""
   files = _data_files(source)
-  is_saved = os.path.isdir(source) and any(
-      os.path.exists(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json"))
+  is_saved = _is_saved(source)
   path_like = source.startswith((".", "/", "~")) or glob.has_magic(source) or (
       os.path.splitext(source)[1].lower() in _BUILDERS)
   if files is None and not os.path.isdir(source) and path_like:
