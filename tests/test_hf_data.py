@@ -248,6 +248,12 @@ def test_train_cli_on_hf_data_with_hf_tokenizer_runs_and_resumes_exactly(files, 
   assert offline.returncode == 1 and not any("Traceback" in line for line in lines), lines[-20:]
   assert ("'hf:huggingface-course/codeparrot-ds-train' cannot be loaded" in lines[-1]
           and "set data.name=hf:DIR" in lines[-1]), lines[-20:]
+  # The recipe switch with `cpu` runs end to end on a local stand-in of its data.
+  stand_in = {**TINY, **data, "eval_steps": 1, "data.max_train_docs": 40,
+              "data.max_eval_docs": 10, "num_train_steps": 3}
+  local = _cli(tmp_path / "cp_local", stand_in, env, config="configs/sas_p.py:codeparrot,cpu")
+  assert local.returncode == 0, local.stderr[-2000:]
+  assert "step 3/3" in local.stdout, local.stdout[-2000:]
 
   overrides = {**RUN, **data}
   straight = tmp_path / "straight"
