@@ -142,3 +142,10 @@ def test_check_token_ids_passes_in_range_and_finds_the_first_bad_one():
   shard_checks.check_token_ids(np.array([[0, 5], [9, 1]]), 10, "x")
   with pytest.raises(DataError, match=r"Token id -1 at row 1, column 0 of split 'eval'"):
     shard_checks.check_token_ids(np.array([[0, 5], [-1, 10]]), 10, "split 'eval'")
+
+
+def test_the_non_finite_advice_says_the_ids_were_checked_before_the_learning_rate():
+  from simplified_flax.runs import nonfinite  # pylint: disable=import-outside-toplevel
+  for kept in ([], [10, 20]):
+    advice = nonfinite.resume_advice("w", kept)
+    assert advice.index("token ids were in the vocabulary") < advice.index("learning")
