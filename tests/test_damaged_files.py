@@ -115,3 +115,13 @@ def test_evaluate_on_a_damaged_config_prints_one_line_and_writes_nothing(tmp_pat
   lines = done.stderr.strip().splitlines()
   assert len(lines) == 1 and "config.json is damaged" in lines[0], done.stderr
   assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGES))
+def test_a_damaged_authors_config_is_one_line(tmp_path, kind):
+  from simplified_flax.authors import dirs  # pylint: disable=import-outside-toplevel
+  (tmp_path / "config.json").write_bytes(DAMAGES[kind](b'{"n_layer": 2, "n_embd": 32}'))
+  with pytest.raises(Exception) as error:
+    dirs.read_authors_dir(str(tmp_path))
+  assert cli.exit_status(error.value) == cli.OTHER_ERROR
+  assert "config.json is damaged" in cli.one_line(error.value)
