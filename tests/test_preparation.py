@@ -116,6 +116,7 @@ def test_a_killed_preparation_keeps_its_finished_shards(corpus, tmp_path, monkey
                       lambda *args: tokenized.append(args[1]) or real(*args))
   resumed = preparation.prepare_split(corpus, "train", tokenizer, root, shard_docs=100)
   assert tokenized == [0, 1, 2, 3, 4]  # shards 0-2 once, then only the missing ones
+  assert resumed.shard_crc32 == whole.shard_crc32   # kept shards' checksums read from their files
   for (t_a, d_a), (t_b, d_b) in zip(_arrays(whole), _arrays(resumed), strict=True):
     np.testing.assert_array_equal(t_a, t_b)
     np.testing.assert_array_equal(d_a, d_b)

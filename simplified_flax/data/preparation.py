@@ -81,22 +81,36 @@ def shard_index_of(path) -> int | None:
   return int(match.group(1)) if match else None
 
 
-def write_shard(directory: epath.Path, index: int, split: TokenizedSplit) -> None:
+def _npy_bytes(array: np.ndarray) -> bytes:
+  buffer = io.BytesIO()
+  np.save(buffer, array)
+  return buffer.getvalue()
+
+
+def write_shard(directory: epath.Path, index: int, split: TokenizedSplit) -> list[int]:
+  """Writes shard `index`; returns the crc32 of its [tokens, docs] files (no read back)."""
   directory.mkdir(parents=True, exist_ok=True)
   tokens_path, docs_path = _shard_paths(directory, index)
-  write_atomically(tokens_path, lambda f: np.save(f, np.asarray(split.tokens_N)))
+  files = [_npy_bytes(np.asarray(split.tokens_N)),
+           _npy_bytes(np.asarray(split.doc_starts_D1, np.int64))]
+  write_atomically(tokens_path, lambda f: f.write(files[0]))
   # Last: the docs file marks the shard finished.
-  write_atomically(docs_path, lambda f: np.save(f, np.asarray(split.doc_starts_D1, np.int64)))
+  write_atomically(docs_path, lambda f: f.write(files[1]))
+  return [shard_checks.crc32_of_bytes(data) for data in files]
 
 
-def write_manifest(directory: epath.Path, address: Address, num_shards: int) -> None:
-  """Records every shard's sizes and checksums and makes the split usable (reads every shard
-  once: just written, it is usually still in the page cache)."""
+def write_manifest(directory: epath.Path, address: Address, num_shards: int,
+                   crc32: dict[int, list[int]] | None = None) -> None:
+  """Records every shard's sizes and checksums and makes the split usable. `crc32` holds the
+  checksums of the shards written by this process; the others' files are read to get theirs
+  (shards kept from a killed preparation)."""
+  crc32 = crc32 or {}
   docs = [_load(_shard_paths(directory, index)[1]) for index in range(num_shards)]
   manifest = {**address.as_dict(), "num_shards": num_shards,
               "shard_num_docs": [len(d) - 1 for d in docs],
               "shard_num_tokens": [int(d[-1]) for d in docs],
-              "shard_crc32": [[shard_checks.crc32_of_file(p) for p in _shard_paths(directory, i)]
+              "shard_crc32": [crc32.get(i) or [shard_checks.crc32_of_file(p)
+                                               for p in _shard_paths(directory, i)]
                               for i in range(num_shards)]}
   write_atomically(directory / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
 
@@ -169,12 +183,11 @@ class PreparedSplit:
     return split
 
 
-def _tokenize_shard(directory: str, index: int, texts: list[str], tokenizer: Tokenizer) -> int:
-  """Worker: writes shard `index`; returns its token count."""
-  split = join_documents(*tokenizer.encode_flat(texts), tokenizer.eod_id,
-                                   tokenizer.vocab_size)
-  write_shard(epath.Path(directory), index, split)
-  return len(split.tokens_N)
+def _tokenize_shard(directory: str, index: int, texts: list[str],
+                    tokenizer: Tokenizer) -> tuple[int, list[int]]:
+  """Worker: writes shard `index`; returns its token count and its files' crc32."""
+  split = join_documents(*tokenizer.encode_flat(texts), tokenizer.eod_id, tokenizer.vocab_size)
+  return len(split.tokens_N), write_shard(epath.Path(directory), index, split)
 
 
 class _Progress:
@@ -220,7 +233,7 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
                     f"prepared in '{root}'. Tokenize it once, with worker processes (resumable):"
                     f"  {shard_checks.prepare_command()}")
   logging.info("Preparing %s/%s in %s (once).", corpus.identity, split, root)
-  done = 0
+  done, crc32 = 0, {}
   while _shard_paths(directory, done)[1].exists():  # finished shards: resume after them
     done += 1
   progress = _Progress(f"{corpus.identity} {split}", corpus.num_documents(split),
@@ -229,7 +242,8 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
   chunks = enumerate(iter(lambda: list(itertools.islice(texts, shard_docs)), []), start=done)
   if workers <= 1:
     for index, chunk in chunks:
-      progress.update(len(chunk), _tokenize_shard(str(directory), index, chunk, tokenizer))
+      tokens, crc32[index] = _tokenize_shard(str(directory), index, chunk, tokenizer)
+      progress.update(len(chunk), tokens)
       done = index + 1
   else:
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
@@ -241,14 +255,15 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
                           pool.submit(_tokenize_shard, str(directory), index, chunk, tokenizer)))
         while pending and (index is None or len(pending) > workers):
           finished_index, size, future = pending.pop(0)
-          progress.update(size, future.result())
+          tokens, crc32[finished_index] = future.result()
+          progress.update(size, tokens)
           done = finished_index + 1
   progress.update(0, 0, final=True)
   if done == 0:
     raise DataError(f"The split '{split}' of dataset '{corpus.identity}' is empty (no document "
                     f"with text under feature '{corpus.text_key}'). Check data.name, data.text_key "
                     "and the split names.")
-  write_manifest(directory, address, done)
+  write_manifest(directory, address, done, crc32)
   return PreparedSplit.open(root, address)
 
 
@@ -264,8 +279,7 @@ def repair_shard(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_d
     raise DataError(f"'{address.directory(root)}' holds no prepared shard {index} of '{split}' "
                     f"to repair; prepare the split instead:  {shard_checks.prepare_command()}")
   texts = list(itertools.islice(corpus.documents(split, start=index * shard_docs), shard_docs))
-  tokens = _tokenize_shard(str(prepared.directory), index, texts, tokenizer)
-  crc32 = [shard_checks.crc32_of_file(p) for p in _shard_paths(prepared.directory, index)]
+  tokens, crc32 = _tokenize_shard(str(prepared.directory), index, texts, tokenizer)
   recorded = prepared.shard_crc32[index] if prepared.shard_crc32 else crc32
   if tokens != prepared.shard_num_tokens[index] or crc32 != list(recorded):
     raise DataError(f"Shard {index} of '{prepared.directory}' re-tokenized differs from its "
