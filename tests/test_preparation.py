@@ -155,7 +155,7 @@ def test_a_large_unprepared_split_asks_for_the_prepare_command(corpus, tmp_path,
   monkeypatch.setattr(pipeline, "PREPARE_IN_PROCESS_BYTES", 100)
   monkeypatch.setattr(sys, "argv", ["train.py", "--config=configs/sas.py:cpu", "--workdir=w"])
   with pytest.raises(DataError, match=r"is not prepared in .*shards.*  python -m "
-                     r"simplified_flax\.prepare --config=configs/sas\.py:cpu$"):
+                     r"simplified_flax\.prepare --config=configs/sas\.py:cpu --workdir=w$"):
     build_pipeline(_config(tmp_path), process_index=0, process_count=1)
 
 

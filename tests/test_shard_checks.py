@@ -48,7 +48,7 @@ def test_the_manifest_records_a_crc32_of_both_files_of_every_shard(prepared):
 
 @pytest.mark.parametrize("name", ["tokens-00001.npy", "docs-00001.npy"])
 def test_a_damaged_shard_is_one_line_naming_the_file_and_the_repair(prepared, monkeypatch, name):
-  monkeypatch.setattr(sys, "argv", ["train.py", "--config=configs/sas.py:cpu"])
+  monkeypatch.setattr(sys, "argv", ["train.py", "--config=configs/sas.py:cpu", "--workdir=w"])
   _flip_last_byte(prepared.directory / name)
   reopened = _reopen(prepared)
   reopened.shard(0), reopened.shard(2)   # the others are intact
@@ -57,7 +57,7 @@ def test_a_damaged_shard_is_one_line_naming_the_file_and_the_repair(prepared, mo
   message = str(error.value)
   assert "\n" not in message and f"{name}' is damaged" in message
   assert message.endswith("python -m simplified_flax.prepare --config=configs/sas.py:cpu "
-                          f"--repair_shard={prepared.directory / name}")
+                          f"--workdir=w --repair_shard={prepared.directory / name}")
 
 
 def test_a_shard_is_verified_once_per_open_not_per_batch(prepared, monkeypatch):

@@ -35,10 +35,13 @@ def crc32_of_file(path: epath.Path) -> int:
 
 def prepare_command(*extra: str) -> str:
   """`python -m simplified_flax.prepare` with this process's --config flags (a placeholder
-  when it has none, e.g. in `evaluate`) and `extra`."""
+  when it has none, e.g. in `evaluate`), its --workdir (where a trained tokenizer is kept, so
+  the same one is used) and `extra`."""
   config_flags = [a for a in sys.argv[1:] if a.startswith("--config")]
+  workdir_flags = [a for a in sys.argv[1:] if a.startswith("--workdir=")][-1:]
   return shlex.join(["python", "-m", "simplified_flax.prepare",
-                     *(config_flags or ["--config=configs/<your variant>.py"]), *extra])
+                     *(config_flags or ["--config=configs/<your variant>.py"]), *workdir_flags,
+                     *extra])
 
 
 def repair_command(path: epath.Path) -> str:
