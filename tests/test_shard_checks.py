@@ -148,4 +148,4 @@ def test_the_non_finite_advice_says_the_ids_were_checked_before_the_learning_rat
   from simplified_flax.runs import nonfinite  # pylint: disable=import-outside-toplevel
   for kept in ([], [10, 20]):
     advice = nonfinite.resume_advice("w", kept)
-    assert advice.index("token ids were in the vocabulary") < advice.index("learning")
+    assert advice.index("token ids were checked") < advice.index("learning")

@@ -123,7 +123,8 @@ def read_history(path: str) -> list[dict]:
   """The rows of a metrics.jsonl file. A torn last line (a killed run) and blank lines are
   skipped; any other line that is not a JSON object, or a file that is not UTF-8, raises a
   one-line checkpoints.WorkdirError naming the line (before anything is rewritten)."""
-  from simplified_flax.runs.checkpoints import WorkdirError  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from simplified_flax.runs.checkpoints import WorkdirError   # imports Orbax: only when read
   path = epath.Path(path)
   try:
     lines = path.read_text().splitlines() if path.exists() else []
@@ -140,8 +141,8 @@ def read_history(path: str) -> list[dict]:
   return rows
 
 
-_HISTORY_FIX = ("Fix or delete the damaged part (the file is the run's log only; checkpoints do not "
-                "depend on it) and rerun.")
+_HISTORY_FIX = ("Fix or delete the damaged part (the file is the run's log only; checkpoints "
+                "do not depend on it) and rerun.")
 
 
 def _parse_row(line: str):

@@ -29,14 +29,18 @@ def check_finite(rows: Iterable[tuple[int, Mapping]], *, label: str = "step",
 
 def resume_advice(workdir: str, kept_steps: Sequence[int]) -> str:
   """The kept checkpoint steps and the command that rewinds to one with a lower learning rate
-  (the one before the last: the last may already carry the blow-up in finite weights)."""
+  (the one before the last: the last may already carry the blow-up in finite weights), after
+  saying that bad token ids are ruled out."""
   kept = sorted(kept_steps)
-  checked = "Every batch's token ids were in the vocabulary (checked), so the data is not it. "
+  ruled_out = ("Every batch's token ids were checked to lie in the vocabulary, so bad ids are "
+               "not the cause. ")
   if not kept:
-    return checked + (f"No checkpoint is kept in {workdir}: lower --config.optimizer.learning_rate and "
-            f"start over with --config.restore_step=0.")
-  return checked + (f"Kept checkpoint steps in {workdir}: {kept}. Rewind to one with a lower learning "
-          f"rate: rerun the same train command with --config.restore_step="
-          f"{kept[-2] if len(kept) > 1 else kept[-1]} "
-          f"--config.optimizer.learning_rate=<lower> (later steps are moved to "
-          f"{workdir}/set_aside/, not deleted).")
+    return ruled_out + (f"No checkpoint is kept in {workdir}: lower "
+                        "--config.optimizer.learning_rate and start over with "
+                        "--config.restore_step=0.")
+  return ruled_out + (
+      f"Kept checkpoint steps in {workdir}: {kept}. Rewind to one with a lower learning rate: "
+      f"rerun the same train command with --config.restore_step="
+      f"{kept[-2] if len(kept) > 1 else kept[-1]} "
+      f"--config.optimizer.learning_rate=<lower> (later steps are moved to "
+      f"{workdir}/set_aside/, not deleted).")
