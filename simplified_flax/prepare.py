@@ -2,9 +2,11 @@
 "Prepared shards").
 
     python -m simplified_flax.prepare --config=preln [--config.data.name=lm1b ...] \\
-        [--workers=16] [--workdir=DIR]
+        [--workers=16] [--workdir=DIR] [--repair_shard=<shard file>]
 
-Killed and run again, it keeps finished shards. A SentencePiece tokenizer is trained first
+Killed and run again, it keeps finished shards. `--repair_shard` (the command a damaged-shard
+error prints) re-tokenizes only that shard's documents, in place, and checks it against the
+manifest. A SentencePiece tokenizer is trained first
 when needed and saved in `--workdir` (the training run's, so that both use the same model).
 """
 import os
@@ -16,17 +18,22 @@ from simplified_flax.data import corpus
 from simplified_flax.data import pipeline
 from simplified_flax.data import preparation
 from simplified_flax.data import tokenizers
+from simplified_flax.data.errors import DataError
 from simplified_flax.runs import config_checks
 
 
-def prepare(config, *, workers: int, workdir: str | None) -> dict[str, str]:
-  """Prepares both splits of `config.data`; returns {split: shard directory}."""
+def prepare(config, *, workers: int, workdir: str | None,
+            repair_shard: str | None = None) -> dict[str, str]:
+  """Prepares both splits of `config.data` (or, with `repair_shard`, rebuilds only that shard
+  file's shard of the split it belongs to); returns {split: shard directory}."""
   config_checks.validate_run_config(config)
   data = config.data
   source = corpus.open_corpus(data)
   tokenizer = tokenizers.build_tokenizer(data, workdir,
                                          lambda: source.documents(data.train_split))
   root = pipeline.shard_root(data)
+  if repair_shard is not None:
+    return _repair(source, tokenizer, root, data, repair_shard)
   directories = {}
   for split in dict.fromkeys((data.train_split, data.eval_split)):
     prepared = preparation.prepare_split(source, split, tokenizer, root,
@@ -37,9 +44,32 @@ def prepare(config, *, workers: int, workdir: str | None) -> dict[str, str]:
   return directories
 
 
+def _same_folder(a: str, b: str) -> bool:
+  """Whether folders `a` and `b` are one (a remote path compared as written)."""
+  if "://" in a or "://" in b:
+    return a.rstrip("/") == b.rstrip("/")
+  return os.path.isdir(a) and os.path.isdir(b) and os.path.samefile(a, b)
+
+
+def _repair(source, tokenizer, root: str, data, shard_file: str) -> dict[str, str]:
+  """Rebuilds the shard `shard_file` names, in whichever of the config's splits holds it."""
+  index = preparation.shard_index_of(shard_file)
+  for split in dict.fromkeys((data.train_split, data.eval_split)):
+    address = preparation.Address(source.identity, split, tokenizer.fingerprint, data.shard_docs)
+    directory = address.directory(root)
+    if index is not None and _same_folder(os.path.dirname(shard_file), os.fspath(directory)):
+      preparation.repair_shard(source, split, tokenizer, root, shard_docs=data.shard_docs,
+                               index=index)
+      print(f"{split}: shard {index} rebuilt and verified in {directory}", flush=True)
+      return {split: os.fspath(directory)}
+  raise DataError(f"--repair_shard={shard_file} is no tokens-NNNNN.npy or docs-NNNNN.npy file "
+                  "of this config's prepared splits; pass the --config flags the run used.")
+
+
 def main(argv) -> None:
   f = cli.start(argv)
-  prepare(f.config, workers=f.workers or os.cpu_count() or 1, workdir=f.workdir)
+  prepare(f.config, workers=f.workers or os.cpu_count() or 1, workdir=f.workdir,
+          repair_shard=f.repair_shard)
 
 
 if __name__ == "__main__":
@@ -47,5 +77,6 @@ if __name__ == "__main__":
   config_files.define_config_flag()
   flags.DEFINE_integer("workers", 0, "Tokenizing processes (0: one per CPU core).")
   flags.DEFINE_string("workdir", None, "Where a trained SentencePiece model is kept.")
+  flags.DEFINE_string("repair_shard", None, "A damaged shard file to re-tokenize in place.")
   flags.mark_flags_as_required(["config"])
   cli.run(main, "simplified_flax.prepare")

@@ -1,5 +1,6 @@
 """Files written through `etils.epath`, the same way locally and in an object store (gs://,
 s3://): a file is replaced whole, never seen half-written, and a folder moves whole."""
+import json
 import os
 from typing import BinaryIO, Callable
 
@@ -19,6 +20,22 @@ def write_atomically(path, write: Callable[[BinaryIO], object]) -> None:
   with tmp.open("wb") as f:
     write(f)
   tmp.replace(path)
+
+
+def read_json_object(path, error: Callable[[str], Exception], fix: str) -> dict:
+  """The JSON object in the file `path`. A file that is not UTF-8, not JSON (empty, truncated,
+  garbage) or not an object raises `error("<path> is damaged (<why>). <fix>")`: one line."""
+  path = epath.Path(path)
+  try:
+    value = json.loads(path.read_text())
+    why = None if isinstance(value, dict) else f"a JSON {type(value).__name__}, not an object"
+  except json.JSONDecodeError as e:
+    why = "empty" if not e.doc.strip() else f"not JSON: {e.msg} at line {e.lineno}"
+  except UnicodeDecodeError:
+    why = "not UTF-8 text"
+  if why is not None:
+    raise error(f"{path} is damaged ({why}). {fix}")
+  return value
 
 
 def move_folder(source, dest) -> None:

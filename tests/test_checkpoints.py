@@ -128,3 +128,50 @@ def test_format_duration():
   assert metrics_io.format_duration(4000) == "1h06m40s"
   assert metrics_io.format_duration(59) == "0m59s"
   assert metrics_io.format_duration(float("inf")) == "?"
+
+
+# ------------------------------------------------------------------------------------------
+# Data-state digest.
+# ------------------------------------------------------------------------------------------
+def _saved_steps(tmp_path, steps=(1, 2)):
+  workdir = str(tmp_path / "w")
+  manager = checkpoints.make_manager(workdir, max_to_keep=5, save_interval_steps=1,
+                                     async_save=False)
+  state = {"w": jnp.arange(6.0).reshape(2, 3)}
+  for step in steps:
+    checkpoints.save(manager, step, state, {"batches_drawn": step, "data": {"seed": 0}},
+                     {}, {})
+  manager.wait_until_finished()
+  manager.close()
+  return workdir, state
+
+
+def _rewrite(path, change):
+  with open(path, encoding="utf-8") as f:
+    saved = json.load(f)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(change(saved), f)
+
+
+@pytest.mark.parametrize("old_checkpoint", [False, True])
+def test_a_changed_data_state_sets_the_step_aside_unless_it_predates_the_digest(
+    tmp_path, old_checkpoint):
+  workdir, state = _saved_steps(tmp_path)
+  step_dir = tmp_path / "w" / checkpoints.CHECKPOINT_DIR / "2"
+  _rewrite(step_dir / "data" / "metadata", lambda d: dict(d, batches_drawn=99))
+  if old_checkpoint:
+    _rewrite(step_dir / "meta" / "metadata",
+             lambda m: {k: v for k, v in m.items() if k != "data_digest"})
+  manager = checkpoints.make_manager(workdir, max_to_keep=5, save_interval_steps=1)
+  restored = checkpoints.restore_latest(manager, jax.eval_shape(lambda: state), {}, workdir)
+  manager.close()
+  assert restored.step == (2 if old_checkpoint else 1)
+  assert restored.data_state["batches_drawn"] == (99 if old_checkpoint else 1)
+  aside = list((tmp_path / "w" / checkpoints.CORRUPT_DIR).glob("2-*"))
+  assert len(aside) == (0 if old_checkpoint else 1)
+
+
+def test_the_data_digest_survives_the_json_round_trip():
+  assert checkpoints.data_digest({"a": np.int64(3), "b": (1, 2)}) == checkpoints.data_digest(
+      json.loads(json.dumps({"b": [1, 2], "a": 3})))
+  assert checkpoints.data_digest(None) == checkpoints.data_digest({})

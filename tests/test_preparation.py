@@ -116,6 +116,7 @@ def test_a_killed_preparation_keeps_its_finished_shards(corpus, tmp_path, monkey
                       lambda *args: tokenized.append(args[1]) or real(*args))
   resumed = preparation.prepare_split(corpus, "train", tokenizer, root, shard_docs=100)
   assert tokenized == [0, 1, 2, 3, 4]  # shards 0-2 once, then only the missing ones
+  assert resumed.shard_crc32 == whole.shard_crc32   # kept shards' checksums read from their files
   for (t_a, d_a), (t_b, d_b) in zip(_arrays(whole), _arrays(resumed), strict=True):
     np.testing.assert_array_equal(t_a, t_b)
     np.testing.assert_array_equal(d_a, d_b)
@@ -154,7 +155,7 @@ def test_a_large_unprepared_split_asks_for_the_prepare_command(corpus, tmp_path,
   monkeypatch.setattr(pipeline, "PREPARE_IN_PROCESS_BYTES", 100)
   monkeypatch.setattr(sys, "argv", ["train.py", "--config=configs/sas.py:cpu", "--workdir=w"])
   with pytest.raises(DataError, match=r"is not prepared in .*shards.*  python -m "
-                     r"simplified_flax\.prepare --config=configs/sas\.py:cpu$"):
+                     r"simplified_flax\.prepare --config=configs/sas\.py:cpu --workdir=w$"):
     build_pipeline(_config(tmp_path), process_index=0, process_count=1)
 
 

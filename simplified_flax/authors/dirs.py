@@ -50,10 +50,8 @@ def read_authors_dir(src: str) -> tuple[dict, dict, str]:
   if not os.path.isfile(config_path):
     raise ConversionError(f"{config_path} does not exist: --from_authors takes the folder of "
                           f"an authors' run (config.json + {SAFETENSORS_FILE}).")
-  try:
-    config = json.loads(epath.Path(config_path).read_text())
-  except ValueError as e:
-    raise ConversionError(f"{config_path} is not JSON ({e}).") from None
+  config = storage.read_json_object(config_path, ConversionError,
+                                    "Give the config.json the authors' run wrote.")
   weights = os.path.join(src, SAFETENSORS_FILE)
   if os.path.isfile(weights):
     from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel

@@ -83,6 +83,16 @@ class HfTokenizer:
                             skip_special_tokens=True)
 
 
+def _read_text(path: epath.Path) -> str:
+  """The text of a tokenizer.json; bytes that are not UTF-8 are a one-line DataError (invalid
+  JSON is one too, raised by HfTokenizer)."""
+  try:
+    return path.read_text()
+  except UnicodeDecodeError:
+    raise DataError(f"The tokenizer '{path}' is damaged (not UTF-8 text). Give a tokenizer.json "
+                    "written by the `tokenizers` library.") from None
+
+
 def load_hf_tokenizer(spec: str) -> HfTokenizer:
   """The tokenizer of a tokenizer.json file, a folder holding one, or a hub repository (its
   tokenizer.json, from the cache or downloaded; HF_HUB_OFFLINE=1 forbids the download)."""
@@ -90,7 +100,7 @@ def load_hf_tokenizer(spec: str) -> HfTokenizer:
   if spec.endswith(".json") or spec.startswith((".", "/", "~", "gs://")) or path.exists():
     path = path / BPE_FILENAME if path.is_dir() else path
     try:
-      return HfTokenizer(path.expanduser().read_text(), os.fspath(path))
+      return HfTokenizer(_read_text(path.expanduser()), os.fspath(path))
     except OSError as e:
       raise DataError(f"data.tokenizer: '{path}' cannot be read "
                       f"({getattr(e, 'strerror', None) or e}). Give a tokenizer.json, a folder "
@@ -105,7 +115,7 @@ def load_hf_tokenizer(spec: str) -> HfTokenizer:
                     f"({reason}). Where there is network, download its tokenizer.json "
                     f"(huggingface_hub.hf_hub_download('{spec}', 'tokenizer.json')) and set "
                     "data.tokenizer=hf:<that file>.") from None
-  return HfTokenizer(epath.Path(local).read_text(), f"hf:{spec}")
+  return HfTokenizer(_read_text(epath.Path(local)), f"hf:{spec}")
 
 
 def train_bpe(texts: Iterable[str], *, vocab_size: int, max_chars: int) -> str:
@@ -138,7 +148,7 @@ def build_bpe(data_config, workdir: str | None,
   vocab_size = data_config.bpe_vocab_size
   path = epath.Path(workdir) / BPE_FILENAME if workdir else None
   if path and path.exists():
-    tokenizer = HfTokenizer(path.read_text(), os.fspath(path))
+    tokenizer = HfTokenizer(_read_text(path), os.fspath(path))
     if tokenizer.vocab_size != vocab_size:
       raise DataError(f"'{path}' has {tokenizer.vocab_size} ids but data.bpe_vocab_size is "
                       f"{vocab_size}. Use the workdir's tokenizer (set data.bpe_vocab_size to "

@@ -82,7 +82,7 @@ def build_pipeline(config, *, workdir: str | None = None, process_index: int | N
                                          shard_docs=data.shard_docs,
                                          max_bytes=PREPARE_IN_PROCESS_BYTES)
     rows = ShardedRows(prepared, seq_len=seq_len, packing=bool(data.packing),
-                       pad_id=tokenizer.pad_id)
+                       pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size)
     if rows.num_rows < needed:
       hint = "" if data.packing else " or set data.packing=True (short documents then count)"
       raise DataError(f"The split '{split}' of '{source.identity}' gives {rows.num_rows} rows of "

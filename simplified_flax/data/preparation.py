@@ -3,13 +3,16 @@
     <root>/<dataset>.<split>.<key>/     root: data.cache_dir, local or remote (etils.epath)
         tokens-00000.npy   uint16/int32[N_i]  documents iS .. (i+1)S-1 of the split, eod-joined
         docs-00000.npy     int64[D_i + 1]     document start offsets into tokens-00000.npy
-        manifest.json      written last: the address fields and every shard's sizes
+        manifest.json      written last: the address fields, every shard's sizes and the
+                           crc32 of its two files (`shard_checks.py`)
 
 `key` hashes the corpus identity, split, tokenizer fingerprint, S and the format. Worker
 processes tokenize S documents each into one shard; every file is written under a temporary
 name and renamed, a shard is finished once its docs file (written last) exists, and only the
 manifest makes the split usable: a killed preparation never looks complete, and the next one
 resumes at the first missing shard. Local shards are memory-mapped, remote ones read whole.
+A shard is checked against its manifest's checksums once, when it is first opened (a manifest
+from before checksums: not checked); `repair_shard` re-tokenizes one damaged shard in place.
 """
 import concurrent.futures
 import dataclasses
@@ -21,7 +24,6 @@ import json
 import multiprocessing
 import os
 import re
-import shlex
 import sys
 import time
 
@@ -29,6 +31,7 @@ from absl import logging
 from etils import epath
 import numpy as np
 
+from simplified_flax.data import shard_checks
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.sequences import TokenizedSplit, join_documents
 from simplified_flax.data.tokenizers import Tokenizer
@@ -59,26 +62,56 @@ def _shard_paths(directory: epath.Path, index: int) -> tuple[epath.Path, epath.P
   return directory / f"tokens-{index:05d}.npy", directory / f"docs-{index:05d}.npy"
 
 
-def _load(path: epath.Path, mmap: bool = False) -> np.ndarray:
+def _load(path: epath.Path, mmap: bool = False, crc32: int | None = None) -> np.ndarray:
+  """The array in `path` (memory-mapped when `mmap` and local), after checking that its bytes
+  have the checksum `crc32` (None: not checked)."""
   if mmap and not is_remote(path):
+    if crc32 is not None:
+      shard_checks.verify_checksum(path, shard_checks.crc32_of_file(path), crc32)
     return np.load(os.fspath(path), mmap_mode="r")
-  return np.load(io.BytesIO(path.read_bytes()))
+  data = path.read_bytes()
+  if crc32 is not None:
+    shard_checks.verify_checksum(path, shard_checks.crc32_of_bytes(data), crc32)
+  return np.load(io.BytesIO(data))
 
 
-def write_shard(directory: epath.Path, index: int, split: TokenizedSplit) -> None:
+def shard_index_of(path) -> int | None:
+  """The index of the shard whose tokens or docs file is `path`, else None."""
+  match = re.fullmatch(r"(?:tokens|docs)-(\d{5})\.npy", epath.Path(path).name)
+  return int(match.group(1)) if match else None
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+  buffer = io.BytesIO()
+  np.save(buffer, array)
+  return buffer.getvalue()
+
+
+def write_shard(directory: epath.Path, index: int, split: TokenizedSplit) -> list[int]:
+  """Writes shard `index`; returns the crc32 of its [tokens, docs] files (no read back)."""
   directory.mkdir(parents=True, exist_ok=True)
   tokens_path, docs_path = _shard_paths(directory, index)
-  write_atomically(tokens_path, lambda f: np.save(f, np.asarray(split.tokens_N)))
+  files = [_npy_bytes(np.asarray(split.tokens_N)),
+           _npy_bytes(np.asarray(split.doc_starts_D1, np.int64))]
+  write_atomically(tokens_path, lambda f: f.write(files[0]))
   # Last: the docs file marks the shard finished.
-  write_atomically(docs_path, lambda f: np.save(f, np.asarray(split.doc_starts_D1, np.int64)))
+  write_atomically(docs_path, lambda f: f.write(files[1]))
+  return [shard_checks.crc32_of_bytes(data) for data in files]
 
 
-def write_manifest(directory: epath.Path, address: Address, num_shards: int) -> None:
-  """Records every shard's sizes and makes the split usable."""
+def write_manifest(directory: epath.Path, address: Address, num_shards: int,
+                   crc32: dict[int, list[int]] | None = None) -> None:
+  """Records every shard's sizes and checksums and makes the split usable. `crc32` holds the
+  checksums of the shards written by this process; the others' files are read to get theirs
+  (shards kept from a killed preparation)."""
+  crc32 = crc32 or {}
   docs = [_load(_shard_paths(directory, index)[1]) for index in range(num_shards)]
   manifest = {**address.as_dict(), "num_shards": num_shards,
               "shard_num_docs": [len(d) - 1 for d in docs],
-              "shard_num_tokens": [int(d[-1]) for d in docs]}
+              "shard_num_tokens": [int(d[-1]) for d in docs],
+              "shard_crc32": [crc32.get(i) or [shard_checks.crc32_of_file(p)
+                                               for p in _shard_paths(directory, i)]
+                              for i in range(num_shards)]}
   write_atomically(directory / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
 
 
@@ -90,6 +123,7 @@ class PreparedSplit:
     self.num_shards: int = manifest["num_shards"]
     self.shard_num_tokens = np.asarray(manifest["shard_num_tokens"], np.int64)
     self.num_docs = int(sum(manifest["shard_num_docs"]))
+    self.shard_crc32: list | None = manifest.get("shard_crc32")  # None: an older manifest
 
   @classmethod
   def open(cls, root: str, address: Address) -> "PreparedSplit | None":
@@ -98,22 +132,41 @@ class PreparedSplit:
     manifest_path = directory / MANIFEST
     if not manifest_path.exists():
       return None
+    def corrupt(reason):
+      return DataError(f"The shard manifest '{manifest_path}' is corrupt ({reason}). Delete "
+                       f"'{directory}' and prepare the split again.")
     try:
       manifest = json.loads(manifest_path.read_text())
     except json.JSONDecodeError as e:
-      raise DataError(f"The shard manifest '{manifest_path}' is corrupt ({e.msg}). Delete "
-                      f"'{directory}' and prepare the split again.") from None
+      raise corrupt(e.msg) from None
+    except UnicodeDecodeError:
+      raise corrupt("not UTF-8 text") from None
+    if not isinstance(manifest, dict):
+      raise corrupt(f"a JSON {type(manifest).__name__}, not an object")
     if {k: manifest.get(k) for k in address.as_dict()} != address.as_dict():
       raise DataError(f"The shard manifest '{manifest_path}' describes other data than its "
                       f"address. Delete '{directory}' and prepare the split again.")
-    return cls(directory, manifest)
+    try:
+      return cls(directory, manifest)
+    except (KeyError, TypeError, ValueError) as e:
+      raise corrupt(f"bad or missing field: {e}") from None
+
+  def shard_file(self, index: int) -> epath.Path:
+    """The tokens file of shard `index` (what error messages name)."""
+    return _shard_paths(self.directory, index)[0]
 
   def _read(self, index: int, tokens: bool) -> np.ndarray:
+    """Shard `index`'s tokens or docs, checked against the manifest's checksum (once: the
+    callers cache it)."""
+    path = _shard_paths(self.directory, index)[0 if tokens else 1]
+    crc32 = self.shard_crc32[index][0 if tokens else 1] if self.shard_crc32 else None
     try:
-      return _load(_shard_paths(self.directory, index)[0 if tokens else 1], mmap=tokens)
+      return _load(path, mmap=tokens, crc32=crc32)
+    except DataError:
+      raise
     except (OSError, ValueError) as e:
-      raise DataError(f"Shard {index} of '{self.directory}' cannot be read ({e}). Delete the "
-                      "directory and prepare the split again.") from None
+      raise DataError(f"The shard file '{path}' cannot be read ({e}). Rebuild just this shard:  "
+                      f"{shard_checks.repair_command(path)}") from None
 
   @functools.lru_cache(maxsize=None)
   def doc_starts(self, index: int) -> np.ndarray:
@@ -124,18 +177,17 @@ class PreparedSplit:
   def shard(self, index: int) -> TokenizedSplit:
     split = TokenizedSplit(self._read(index, tokens=True), self.doc_starts(index))
     if len(split.tokens_N) != self.shard_num_tokens[index]:
-      raise DataError(f"Shard {index} of '{self.directory}' has {len(split.tokens_N)} tokens, "
-                      f"its manifest {self.shard_num_tokens[index]}. Delete the directory and "
-                      "prepare the split again.")
+      raise DataError(f"The shard file '{self.shard_file(index)}' has {len(split.tokens_N)} "
+                      f"tokens, its manifest {self.shard_num_tokens[index]}. Rebuild just this "
+                      f"shard:  {shard_checks.repair_command(self.shard_file(index))}")
     return split
 
 
-def _tokenize_shard(directory: str, index: int, texts: list[str], tokenizer: Tokenizer) -> int:
-  """Worker: writes shard `index`; returns its token count."""
-  split = join_documents(*tokenizer.encode_flat(texts), tokenizer.eod_id,
-                                   tokenizer.vocab_size)
-  write_shard(epath.Path(directory), index, split)
-  return len(split.tokens_N)
+def _tokenize_shard(directory: str, index: int, texts: list[str],
+                    tokenizer: Tokenizer) -> tuple[int, list[int]]:
+  """Worker: writes shard `index`; returns its token count and its files' crc32."""
+  split = join_documents(*tokenizer.encode_flat(texts), tokenizer.eod_id, tokenizer.vocab_size)
+  return len(split.tokens_N), write_shard(epath.Path(directory), index, split)
 
 
 class _Progress:
@@ -177,14 +229,11 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
     return prepared
   size = corpus.split_num_bytes(split) if max_bytes is not None else None
   if size is not None and size > max_bytes:  # the command with this run's --config flags
-    flags = [a for a in sys.argv[1:] if a.startswith("--config")]
-    command = shlex.join(["python", "-m", "simplified_flax.prepare",
-                          *(flags or ["--config=configs/<your variant>.py"])])
     raise DataError(f"The split '{split}' of '{corpus.identity}' ({size / 2**30:.1f} GiB) is not "
                     f"prepared in '{root}'. Tokenize it once, with worker processes (resumable):"
-                    f"  {command}")
+                    f"  {shard_checks.prepare_command()}")
   logging.info("Preparing %s/%s in %s (once).", corpus.identity, split, root)
-  done = 0
+  done, crc32 = 0, {}
   while _shard_paths(directory, done)[1].exists():  # finished shards: resume after them
     done += 1
   progress = _Progress(f"{corpus.identity} {split}", corpus.num_documents(split),
@@ -193,7 +242,8 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
   chunks = enumerate(iter(lambda: list(itertools.islice(texts, shard_docs)), []), start=done)
   if workers <= 1:
     for index, chunk in chunks:
-      progress.update(len(chunk), _tokenize_shard(str(directory), index, chunk, tokenizer))
+      tokens, crc32[index] = _tokenize_shard(str(directory), index, chunk, tokenizer)
+      progress.update(len(chunk), tokens)
       done = index + 1
   else:
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
@@ -205,12 +255,36 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
                           pool.submit(_tokenize_shard, str(directory), index, chunk, tokenizer)))
         while pending and (index is None or len(pending) > workers):
           finished_index, size, future = pending.pop(0)
-          progress.update(size, future.result())
+          tokens, crc32[finished_index] = future.result()
+          progress.update(size, tokens)
           done = finished_index + 1
   progress.update(0, 0, final=True)
   if done == 0:
     raise DataError(f"The split '{split}' of dataset '{corpus.identity}' is empty (no document "
                     f"with text under feature '{corpus.text_key}'). Check data.name, data.text_key "
                     "and the split names.")
-  write_manifest(directory, address, done)
+  write_manifest(directory, address, done, crc32)
+  return PreparedSplit.open(root, address)
+
+
+def repair_shard(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_docs: int,
+                 index: int) -> PreparedSplit:
+  """Re-tokenizes only the documents of shard `index` of a prepared split, in place, and checks
+  the result against the manifest (its sizes; its checksums where recorded; an older manifest
+  is rewritten with checksums). A mismatch means the corpus or tokenizer changed since: a
+  DataError asking to prepare the split again."""
+  address = Address(corpus.identity, split, tokenizer.fingerprint, shard_docs)
+  prepared = PreparedSplit.open(root, address)
+  if prepared is None or not 0 <= index < prepared.num_shards:
+    raise DataError(f"'{address.directory(root)}' holds no prepared shard {index} of '{split}' "
+                    f"to repair; prepare the split instead:  {shard_checks.prepare_command()}")
+  texts = list(itertools.islice(corpus.documents(split, start=index * shard_docs), shard_docs))
+  tokens, crc32 = _tokenize_shard(str(prepared.directory), index, texts, tokenizer)
+  recorded = prepared.shard_crc32[index] if prepared.shard_crc32 else crc32
+  if tokens != prepared.shard_num_tokens[index] or crc32 != list(recorded):
+    raise DataError(f"Shard {index} of '{prepared.directory}' re-tokenized differs from its "
+                    "manifest: the corpus or the tokenizer changed since it was prepared. Delete "
+                    "the directory and prepare the split again.")
+  if prepared.shard_crc32 is None:
+    write_manifest(prepared.directory, address, prepared.num_shards)
   return PreparedSplit.open(root, address)

@@ -12,6 +12,8 @@ import functools
 
 import numpy as np
 
+from simplified_flax.data import shard_checks
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenizedSplit:
@@ -71,10 +73,14 @@ def gather_packed_rows(split: TokenizedSplit, rows_B: np.ndarray, seq_len: int,
 
 class ShardedRows:
   """The rows (windows or packed rows) of every shard of a prepared split (`preparation.py`),
-  numbered shard after shard; with packing, each shard is packed on its own."""
+  numbered shard after shard; with packing, each shard is packed on its own. With
+  `vocab_size`, every row's ids are checked to lie in [0, vocab_size) as it is read (a DataError
+  naming the shard file and the token's offset in it)."""
 
-  def __init__(self, prepared, *, seq_len: int, packing: bool, pad_id: int):
+  def __init__(self, prepared, *, seq_len: int, packing: bool, pad_id: int,
+               vocab_size: int | None = None):
     self.seq_len, self.packing, self._pad_id, self._prepared = seq_len, packing, pad_id, prepared
+    self._vocab_size = vocab_size
     self.num_docs: int = prepared.num_docs
     # From the manifest's token counts or the document offsets: no shard's tokens are read.
     rows_S = [num_packed_rows(n, seq_len) if packing
@@ -90,8 +96,19 @@ class ShardedRows:
   def _shard_rows(self, shard: int, ids_b: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     split = self._prepared.shard(shard)
     if self.packing:
-      return gather_packed_rows(split, ids_b, self.seq_len, self._pad_id)
-    return gather_windows(split.tokens_N, self._window_starts(shard)[ids_b], self.seq_len), None
+      tokens, segments = gather_packed_rows(split, ids_b, self.seq_len, self._pad_id)
+      starts_b = ids_b * self.seq_len
+    else:
+      starts_b = self._window_starts(shard)[ids_b]
+      tokens, segments = gather_windows(split.tokens_N, starts_b, self.seq_len), None
+    if self._vocab_size is not None:
+      shard_checks.check_token_ids(tokens, self._vocab_size, self._where(shard),
+                                   offsets=lambda row, column: int(starts_b[row]) + column)
+    return tokens, segments
+
+  def _where(self, shard: int) -> str:
+    named = getattr(self._prepared, "shard_file", None)
+    return f"the shard file '{named(shard)}'" if named else f"shard {shard}"
 
   def rows(self, ids_B: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """(tokens int32[B, T], segment_ids int32[B, T] or None without packing), in ids order."""

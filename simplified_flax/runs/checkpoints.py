@@ -1,15 +1,18 @@
 """Orbax checkpoints `<workdir>/checkpoints/<step>/` (`state`, iterator `data`, `config`, `meta`
-with the state's `fingerprint`), saved asynchronously and renamed into place only once whole;
-restored from the latest step whose fingerprint matches (bad ones are moved to
-`corrupt_checkpoints/` once a good one is found, never deleted); a config that changes
+with the state's `fingerprint` and the data state's `data_digest`), saved asynchronously and
+renamed into place only once whole; restored from the latest step whose digests match (bad
+ones are moved to `corrupt_checkpoints/` once a good one is found, never deleted; a step saved
+before `data_digest` existed is checked on its state only); a config that changes
 parameter shapes is refused naming the fields. `StopRequest`: SIGTERM or a multi-host
 preemption makes the loop save at its next step and return (README, "Resuming").
 """
 import dataclasses
+import json
 import os
 import signal
 import threading
 import time
+import zlib
 from typing import Any
 
 from absl import logging
@@ -112,10 +115,20 @@ def fingerprint(tree) -> jax.Array:
   return total
 
 
+def data_digest(data_state) -> int:
+  """crc32 of the data-iterator state as sorted JSON: the same before saving and after its
+  JSON round trip (numpy scalars count as their Python values)."""
+  text = json.dumps(data_state or {}, sort_keys=True,
+                    default=lambda o: o.item() if hasattr(o, "item") else str(o))
+  return zlib.crc32(text.encode()) & 0xFFFFFFFF
+
+
 def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_dict: dict,
          meta: dict) -> bool:
-  """Starts saving `step` (asynchronously, forced); `meta` gets the state's fingerprint."""
-  meta = dict(meta, step=int(step), fingerprint=int(jax.device_get(fingerprint(state))))
+  """Starts saving `step` (asynchronously, forced); `meta` gets the state's fingerprint and the
+  data state's digest, checked on restore."""
+  meta = dict(meta, step=int(step), fingerprint=int(jax.device_get(fingerprint(state))),
+              data_digest=data_digest(data_state))
   return manager.save(step, force=True, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
       config=ocp.args.JsonSave(config_dict), meta=ocp.args.JsonSave(meta)))
@@ -205,6 +218,10 @@ def _try_restore(manager, step, target_state, new_config):
   if got != head["meta"]["fingerprint"]:
     return (f"its state fingerprint {got} does not match the saved "
             f"{head['meta']['fingerprint']}"), None
+  saved_digest = head["meta"].get("data_digest")   # None: saved before the digest existed
+  if saved_digest is not None and data_digest(body["data"]) != saved_digest:
+    return (f"its data state digest {data_digest(body['data'])} does not match the saved "
+            f"{saved_digest}"), None
   return None, Restored(step, body["state"], body["data"], head["meta"], head["config"])
 
 

@@ -120,14 +120,36 @@ class MetricsWriter:
 
 
 def read_history(path: str) -> list[dict]:
-  """The rows of a metrics.jsonl file (a torn last line, from a killed run, is skipped)."""
+  """The rows of a metrics.jsonl file. A torn last line (a killed run) and blank lines are
+  skipped; any other line that is not a JSON object, or a file that is not UTF-8, raises a
+  one-line checkpoints.WorkdirError naming the line (before anything is rewritten)."""
+  # pylint: disable-next=import-outside-toplevel
+  from simplified_flax.runs.checkpoints import WorkdirError   # imports Orbax: only when read
+  path = epath.Path(path)
+  try:
+    lines = path.read_text().splitlines() if path.exists() else []
+  except UnicodeDecodeError:
+    raise WorkdirError(f"{path} is damaged (not UTF-8 text). {_HISTORY_FIX}") from None
   rows = []
-  for line in epath.Path(path).read_text().splitlines() if epath.Path(path).exists() else []:
-    try:
-      rows.append(json.loads(line))
-    except json.JSONDecodeError:
-      continue
+  for number, line in enumerate(lines, start=1):
+    row = _parse_row(line)
+    if isinstance(row, dict):
+      rows.append(row)
+    elif line.strip() and number < len(lines):
+      raise WorkdirError(f"{path} is damaged (line {number} of {len(lines)} is not a JSON "
+                         f"object). {_HISTORY_FIX}")
   return rows
+
+
+_HISTORY_FIX = ("Fix or delete the damaged part (the file is the run's log only; checkpoints "
+                "do not depend on it) and rerun.")
+
+
+def _parse_row(line: str):
+  try:
+    return json.loads(line)
+  except json.JSONDecodeError:
+    return None
 
 
 def cut_history(workdir: str, step: int, aside: epath.Path | None = None) -> None:

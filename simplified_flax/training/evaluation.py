@@ -1,7 +1,6 @@
 """Evaluation of a state, and read-only access to a training run's workdir (its saved config,
 tokenizer and checkpoints), safe while the run is still writing there."""
 import dataclasses
-import json
 import math
 from typing import Callable, Iterable
 
@@ -10,6 +9,7 @@ import jax
 import ml_collections
 
 from simplified_flax.config_files import CONFIG_FILE
+from simplified_flax import storage
 from simplified_flax.data.errors import DataError
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import config_checks
@@ -58,12 +58,16 @@ def input_pipeline(config, workdir: str, pipeline=None):
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The resolved config a training run wrote to `<workdir>/config.json`."""
+  """The resolved config a training run wrote to `<workdir>/config.json`; a missing or damaged
+  one (not JSON, not an object) is a one-line WorkdirError, and nothing is written."""
   path = epath.Path(workdir) / CONFIG_FILE     # epath: the workdir may be gs://...
   if not path.exists():
     raise checkpoints.WorkdirError(f"{path} does not exist: is {workdir!r} the --workdir of a "
                                    f"training run?")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  saved = storage.read_json_object(path, checkpoints.WorkdirError, (
+      "Restore it from a copy of the run's config, or rerun train with the same --config "
+      f"flags and --workdir={workdir} (training rewrites it)."))
+  return ml_collections.ConfigDict(saved)
 
 
 def load_tokenizer(config, workdir: str):
