@@ -109,8 +109,8 @@ def main(argv=None) -> None:
   shape = SHAPES["tiny" if args.tiny else "paper"]
   chosen = args.rows.split(",")
   results: Dict[str, Any] = {"shape": shape, "versions": report.versions(),
-                             "script": "python experiments/compiled_targets.py"
-                                       + (" --tiny" if args.tiny else "")}
+                             "script": shlex.join(["python", "experiments/compiled_targets.py",
+                                                   *(sys.argv[1:] if argv is None else argv)])}
   planned = {"variants": variant_rows(shape, args.variants.split(","), args.targets.split(",")),
              "long_context": long_context_rows(shape, args.tiny),
              "depth": depth_rows(shape, args.tiny), "pod": pod_rows(shape, args.tiny)}
