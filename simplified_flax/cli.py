@@ -179,7 +179,6 @@ def _user_error_types():
   # Imported here: this module is imported before JAX, for the start-up SIGTERM handler.
   # pylint: disable=import-outside-toplevel
   from simplified_flax.aot import targets
-  from simplified_flax.aot.programs import DoesNotFitError
   from simplified_flax.authors import ConversionError
   from simplified_flax.data.errors import DataError
   from simplified_flax.runs import checkpoints
@@ -188,8 +187,8 @@ def _user_error_types():
   from simplified_flax.runs.config_checks import ConfigError
   usage = (ConfigError, UnknownOverrideError, app.UsageError, targets.TargetError,
            targets.MissingBackendError)
-  other = (DataError, DoesNotFitError, ConversionError, checkpoints.IncompatibleCheckpointError,
-           checkpoints.CheckpointError, checkpoints.WorkdirError,
+  other = (DataError, targets.DoesNotFitError, ConversionError,
+           checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError, checkpoints.WorkdirError,
            workdir_lock.WorkdirLockedError, nonfinite.NonFiniteLossError,
            distributed_failure.PeerLostError)
   return usage, other

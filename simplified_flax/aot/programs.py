@@ -31,8 +31,7 @@ SHRINKING_KNOBS = ("parallel.fsdp", "batch_size", "grad_accum_steps", "model.rem
                    "model.attention_impl")
 
 
-class DoesNotFitError(RuntimeError):
-  """The step needs more memory per device than the target has (one line, exit status 1)."""
+DoesNotFitError = targets.DoesNotFitError   # raised here; defined where no JAX is imported
 
 
 @dataclasses.dataclass

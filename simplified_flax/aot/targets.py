@@ -83,6 +83,10 @@ class TargetError(ValueError):
   """A target the table does not have, or a topology it cannot form (a usage error)."""
 
 
+class DoesNotFitError(RuntimeError):
+  """A step needs more memory per device than the target has (one line, exit status 1)."""
+
+
 class MissingBackendError(RuntimeError):
   """The compiler for the target's platform is not installed (libtpu, the CUDA plugin)."""
 
