@@ -188,9 +188,9 @@ def _user_error_types():
   usage = (ConfigError, UnknownOverrideError, app.UsageError, targets.TargetError,
            targets.MissingBackendError)
   other = (DataError, targets.DoesNotFitError, ConversionError,
-           checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError, checkpoints.WorkdirError,
-           workdir_lock.WorkdirLockedError, nonfinite.NonFiniteLossError,
-           distributed_failure.PeerLostError)
+           checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
+           checkpoints.WorkdirError, workdir_lock.WorkdirLockedError,
+           nonfinite.NonFiniteLossError, distributed_failure.PeerLostError)
   return usage, other
 
 
