@@ -50,11 +50,9 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 
 import configs  # pylint: disable=g-import-not-at-top
+from experiments import compiled_benchmark  # pylint: disable=g-import-not-at-top
 from experiments import step_breakdown  # pylint: disable=g-import-not-at-top
 from simplified_flax.aot.report import flops_per_token  # pylint: disable=g-import-not-at-top
-from simplified_flax.aot import hlo_costs  # pylint: disable=g-import-not-at-top
-from simplified_flax.aot import programs  # pylint: disable=g-import-not-at-top
-from simplified_flax.aot import report  # pylint: disable=g-import-not-at-top
 from simplified_flax.model import parameters  # pylint: disable=g-import-not-at-top
 from simplified_flax.training.step import (  # pylint: disable=g-import-not-at-top
     create_train_state, train_step)
@@ -198,7 +196,7 @@ def summarise(runners: List[Runner], peaks: List[float], nominal) -> Dict[str, D
     tokens_per_s = r.tokens_per_step / step_s
     achieved = r.flops["flops_per_token"] * tokens_per_s
     m = r.config.model
-    roofline_s = roofline_here(r.step)
+    roofline_s = compiled_benchmark.roofline_here(r.step)
     results[r.name] = {
         "params_total": r.counts["total"], "params_trainable": r.counts["trainable"],
         "params_non_embedding": r.counts["non_embedding"],
@@ -222,15 +220,6 @@ def summarise(runners: List[Runner], peaks: List[float], nominal) -> Dict[str, D
         "measured_over_roofline": step_s / roofline_s if roofline_s else None,
     }
   return results
-
-
-def roofline_here(compiled) -> float | None:
-  """The roofline of `compiled` on this host's device, if the target table has it."""
-  device = targets.device_of_kind(jax.devices()[0].device_kind)
-  if device is None:
-    return None
-  program = hlo_costs.parse(compiled.as_text())
-  return hlo_costs.roofline_seconds(program, device.peak_flops, device.hbm_bytes_per_s)
 
 
 COLUMNS = (  # (header, key, scale, format)
@@ -259,27 +248,6 @@ def table(results: Dict[str, Dict[str, Any]]) -> str:
     rows.append(row)
   widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
   return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
-
-
-def compiled_rooflines(specs, overrides: dict, target_name: str,
-                       breakdown: bool) -> Dict[str, Dict[str, Any]]:
-  """Each config compiled for `target_name` (no device): its compile report, printed, with
-  the roofline ratio to the first config and, with `breakdown`, its parts' roofline."""
-  target = targets.parse(target_name)
-  results = {}
-  for spec in specs:
-    compiled = programs.compile_for(load_config(spec, overrides), target)
-    results[spec] = report.summarize(compiled, compiled.config)
-    ratio = next(iter(results.values()))["roofline_step_s"] / results[spec]["roofline_step_s"]
-    print(f"{spec} (x{ratio:.3f} the first config's roofline speed)\n"
-          f"{report.text(results[spec])}\n", flush=True)
-    if breakdown:
-      program = hlo_costs.parse(compiled.train.as_text())
-      parts = step_breakdown.roofline_breakdown(program, target.device.peak_flops,
-                                                target.device.hbm_bytes_per_s)
-      results[spec]["breakdown"] = parts
-      print(step_breakdown.table(spec, parts, parts["op_time_s"]) + "\n", flush=True)
-  return results
 
 
 def define_flags():
@@ -314,8 +282,9 @@ def main(argv, flag):
   overrides = with_flag(dict(config_flags.get_override_values(flags.FLAGS["config"])),
                         "batch_size", flag["batch_size"].value)
   if flag["target"].value:
-    print(json.dumps(compiled_rooflines(flag["configs"].value, overrides, flag["target"].value,
-                                        flag["breakdown"].value)))
+    print(json.dumps(compiled_benchmark.compiled_rooflines(
+        flag["configs"].value, overrides, flag["target"].value, flag["breakdown"].value,
+        load_config)))
     return
   runners = [Runner(spec, load_config(spec, overrides)) for spec in flag["configs"].value]
   rounds, steps = flag["rounds"].value, flag["steps"].value
