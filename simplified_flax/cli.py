@@ -109,6 +109,15 @@ def run(main: Callable[[list[str]], None], program: str) -> None:
       distributed_failure.stop(lost, program)   # one line, status 1
     print(f"{program}: error: {one_line(error)}"
           + ("" if verbose else " (--verbose shows the traceback)"), file=sys.stderr, flush=True)
+    if is_disk_full(error) and not verbose:
+      # Orbax's background writes are still failing on the full disk: an interpreter shutdown
+      # would print their reports after the line above. The step being written is discarded
+      # anyway, and the lock is released here as a normal exit would.
+      lock = sys.modules.get("simplified_flax.runs.workdir_lock")
+      if lock is not None:
+        lock.release_held()
+      sys.stdout.flush()
+      os._exit(status)   # pylint: disable=protected-access
     sys.exit(status)
 
 

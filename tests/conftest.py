@@ -36,9 +36,18 @@ def tiny():
 def temporary_cache_home(tmp_path_factory):
   """XDG_CACHE_HOME of this session and its child processes: a temporary folder, so that the
   commands' default compilation cache (`$XDG_CACHE_HOME/simplified_flax/jax`) never writes to
-  the real ~/.cache."""
+  the real ~/.cache. xdist's workers share it (their base folders are siblings), and the tests'
+  own compiles use it too: the suite compiles the same tiny programs in many tests and child
+  processes, and each is compiled once."""
   before = os.environ.get("XDG_CACHE_HOME")
-  os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache_home"))
+  base = tmp_path_factory.getbasetemp()
+  shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+  os.environ["XDG_CACHE_HOME"] = str(shared / "cache_home")
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_compilation_cache_dir",
+                    str(shared / "cache_home" / "simplified_flax" / "jax"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   yield os.environ["XDG_CACHE_HOME"]
   if before is None:
     os.environ.pop("XDG_CACHE_HOME", None)

@@ -17,7 +17,10 @@ from test_loop import (REPO, TINY, log_tail, start_training, subprocess_env, tra
 
 
 def _snapshot(directory):
-  return {p: os.path.getmtime(os.path.join(directory, p)) for p in sorted(os.listdir(directory))}
+  """Modification times by name, leaving out a heartbeat being written at that moment (its
+  `.tmp-<pid>` file exists only until the atomic rename)."""
+  return {p: os.path.getmtime(os.path.join(directory, p)) for p in sorted(os.listdir(directory))
+          if ".tmp-" not in p}
 
 
 def _write_holder(workdir, host, pid, started, heartbeat):
