@@ -1,0 +1,108 @@
+"""Every command the README and the docs pages mark runnable (`<!-- docs-test: run ... -->`),
+executed as written at tiny scale: what the marker appends (`$TINY_TRAIN`: a few steps of a
+tiny model on a small corpus) and nothing else, so a changed command, flag or field fails
+here until its page changes with it (docs/testing.md, "Docs that cannot rot"). Marked `docs`:
+CI runs these in their own step."""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import docs_pages
+
+pytestmark = [pytest.mark.docs, pytest.mark.filterwarnings("ignore")]
+REPO = docs_pages.REPO
+RUNNABLE = docs_pages.marked("run")
+README_TRAIN = RUNNABLE[0]
+TINY_TRAIN = ("--config.num_train_steps=3 --config.model.n_layer=2 --config.model.n_embd=32 "
+              "--config.model.n_head=2 --config.model.context_length=16 --config.batch_size=8 "
+              "--config.log_every_steps=1 --config.eval_every_steps=3 --config.eval_steps=1 "
+              "--config.checkpoint_every_steps=1 --config.data.roots={corpus}")
+WORDS = ["def", "class", "return", "import", "self", "for", "in", "if", "else", "print",
+         "value", "data", "(", ")", ":", "x", "y", "=", "+", "0", "1"]
+
+
+def _document(rng) -> str:
+  return "\n".join(" ".join(rng.choice(WORDS, size=12)) for _ in range(40))
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+  """HOME of every command (so prepared shards and hub caches land here, shared by the
+  commands of this module) and a small corpus of .py files for `$TINY_TRAIN`."""
+  root = tmp_path_factory.mktemp("docs_home")
+  corpus = root / "corpus"
+  corpus.mkdir()
+  rng = np.random.default_rng(0)
+  for i in range(30):
+    (corpus / f"module{i:02d}.py").write_text(_document(rng))
+  return root
+
+
+def _env(home) -> dict:
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+  return dict(env, HOME=str(home), JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
+              PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+              TINY_TRAIN=TINY_TRAIN.format(corpus=home / "corpus"),
+              PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
+
+
+def _run(block: docs_pages.Block, cwd, home, command: str | None = None):
+  """The block's commands (or `command`) in bash, in `cwd`, with the marker's arguments
+  appended to each; returns (status, stdout + stderr) of the last."""
+  options, extra = block.options()
+  for path in filter(None, options.get("jsonl", "").split(",")):
+    target = cwd / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(len(path))
+    target.write_text("".join(json.dumps({"text": _document(rng)}) + "\n" for _ in range(30)))
+  if block.language == "python":
+    done = subprocess.run([sys.executable, "-c", block.text], cwd=cwd, env=_env(home),
+                          capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout + done.stderr
+  for line in [command] if command else docs_pages.commands(block.text):
+    done = subprocess.run(["bash", "-c", f"{line} {extra}"], cwd=cwd, env=_env(home),
+                          capture_output=True, text=True, timeout=600)
+  return done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def quickstart(home, tmp_path_factory):
+  """The folder the README's quick-start train command ran in (its `workdirs/sas_p`); its
+  install (.ci/run's, which CI runs before this step) is checked by test_docs_static.py."""
+  cwd = tmp_path_factory.mktemp("quickstart")
+  (line,) = docs_pages.commands(README_TRAIN.text)
+  _, train = line.split(" && ", 1)
+  status, output = _run(README_TRAIN, cwd, home, command=train)
+  assert status == 0, f"{README_TRAIN.where}: {train}\n{output[-4000:]}"
+  assert "step 3/3" in output and (cwd / "workdirs" / "sas_p" / "metrics.jsonl").is_file()
+  return cwd
+
+
+def test_the_readme_quick_start_trains(quickstart):
+  rows = (quickstart / "workdirs" / "sas_p" / "metrics.jsonl").read_text().splitlines()
+  assert any("eval_loss" in row for row in rows)
+
+
+@pytest.mark.parametrize("block", RUNNABLE[1:], ids=[b.where for b in RUNNABLE[1:]])
+def test_a_documented_command_runs_as_written(block, home, tmp_path, request):
+  options, _ = block.options()
+  module = options.get("requires")
+  if module and importlib.util.find_spec(module) is None:
+    if os.environ.get("SIMPLIFIED_FLAX_REQUIRE_AOT") == "1":
+      pytest.fail(f"{block.where} needs {module}, which is not installed")
+    pytest.skip(f"{block.where} needs {module}")
+  cwd = REPO if options.get("cwd") == "repo" else tmp_path
+  if options.get("needs") == "quickstart":
+    shutil.copytree(request.getfixturevalue("quickstart") / "workdirs", tmp_path / "workdirs")
+  status, output = _run(block, cwd, home)
+  assert status == int(options.get("status", "0")), f"{block.where}:\n{output[-4000:]}"
+  if block.language == "console":   # the output the page shows, line for line
+    lines = set(output.splitlines())
+    for shown in docs_pages.console_output(block.text):
+      assert shown in lines, f"{block.where}: the page shows\n{shown}\nbut it printed\n{output}"
