@@ -65,3 +65,25 @@ def test_the_readme_installs_what_ci_installs_and_tests_with_ci_s_command():
   ci_lines = [l.strip() for l in CI_RUN.splitlines()]
   assert test[0] in ci_lines, test[0]
   assert install.replace(" -q", "") == test[0].split(" && ")[0].replace(" -q", ""), install
+
+
+def _headings(page) -> set[str]:
+  text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+  return {h.replace("`", "") for h in re.findall(r"^#{1,6} (.+?)\s*$", text, flags=re.M)}
+
+
+def test_every_docs_page_and_section_the_code_cites_exists():
+  """Docstrings and comments cite pages as `docs/<page>.md, "<Heading>"`: each page and
+  heading they name is there."""
+  cited = 0
+  for path in [p for d in ("simplified_flax", "configs", "experiments", "tests")
+               for p in sorted((docs_pages.REPO / d).rglob("*.py"))]:
+    text = path.read_text()
+    for page, heading in re.findall(r"docs/(\w+)\.md(?:,\s*\"([^\"]+)\")?", text):
+      target = docs_pages.DOCS / f"{page}.md"
+      assert target.is_file(), f"{path.name} cites docs/{page}.md"
+      if heading:
+        heading = re.sub(r"\s*\n\s*(?:#\s*)?", " ", heading)
+        assert heading in _headings(target), f"{path.name} cites docs/{page}.md, {heading!r}"
+      cited += 1
+  assert cited > 20
