@@ -6,7 +6,8 @@ Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256
 Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator host:
     python -m simplified_flax.train --config=configs/preln.py --workdir=/tmp/preln
 
-Expected: eval loss ~1.155 after 40K steps at the paper's shape (CodeParrot).
+Expected: eval loss ~1.155 after 40K steps at the paper's shape (CodeParrot; the paper's
+figure, Sec. 4).
 Trainable parameters at the paper's shape with a 50K vocabulary: 166,645,248.
 """
 from . import base

@@ -7,7 +7,6 @@ import os
 import pathlib
 import sys
 
-from docutils import nodes
 from sphinx import addnodes
 
 DOCS = pathlib.Path(__file__).resolve().parent
@@ -19,11 +18,9 @@ extensions = ["myst_parser", "sphinx.ext.autodoc"]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
 myst_heading_anchors = 4        # `page.md#a-heading` links, checked by the build
-myst_enable_extensions = ["dollarmath"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 html_theme = "alabaster"
-suppress_warnings = []
 
 
 def _repository_files_as_downloads(app, doctree):
@@ -41,7 +38,8 @@ def _repository_files_as_downloads(app, doctree):
     if path.is_file() and REPO in path.resolve().parents and not node.get("reftargetid"):
       download = addnodes.download_reference(
           "", "", *node.children, refdomain=None, reftype="myst", refexplicit=True,
-          reftarget="/" + os.path.relpath(path.resolve(), DOCS), refdoc=node.get("refdoc"), classes=["xref", "download"])
+          reftarget="/" + os.path.relpath(path.resolve(), DOCS),   # "/": from docs/
+          refdoc=node.get("refdoc"), classes=["xref", "download"])
       node.replace_self(download)
 
 

@@ -5,8 +5,7 @@ every field a config can have. One source of truth: the tests read the commands 
 A runnable block is a fenced block right after a marker line (docs/testing.md, "Docs that
 cannot rot"):
 
-    <!-- docs-test: run [status=N] [needs=quickstart] [jsonl=P,...] [cwd=repo] [requires=MOD]
-         [ARGS ...] -->
+    <!-- docs-test: run [status=N] [needs=quickstart] [jsonl=P,...] [requires=MOD] [ARGS ...] -->
 
 ARGS (after the options) are appended to the block's command; `$TINY_TRAIN` among them is
 expanded by bash from the test's environment.
@@ -21,7 +20,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 README = REPO / "README.md"
 MARKER = re.compile(r"^<!-- docs-test: (\w+)(.*?)-->\s*$")
-OPTIONS = ("status", "needs", "jsonl", "cwd", "requires")
+OPTIONS = ("status", "needs", "jsonl", "requires")
 
 
 def pages() -> list[pathlib.Path]:

@@ -84,12 +84,21 @@ def quickstart(home, tmp_path_factory):
   return cwd
 
 
+def _param(block: docs_pages.Block):
+  """One test per block; those on the quick-start run share a worker under `-n 2 --dist
+  loadgroup`, so the README's run is made once."""
+  needs = block.options()[0].get("needs") == "quickstart"
+  return pytest.param(block, id=block.where,
+                      marks=[pytest.mark.xdist_group("quickstart")] if needs else [])
+
+
+@pytest.mark.xdist_group("quickstart")
 def test_the_readme_quick_start_trains(quickstart):
   rows = (quickstart / "workdirs" / "sas_p" / "metrics.jsonl").read_text().splitlines()
   assert any("eval_loss" in row for row in rows)
 
 
-@pytest.mark.parametrize("block", RUNNABLE[1:], ids=[b.where for b in RUNNABLE[1:]])
+@pytest.mark.parametrize("block", [_param(b) for b in RUNNABLE[1:]])
 def test_a_documented_command_runs_as_written(block, home, tmp_path, request):
   options, _ = block.options()
   module = options.get("requires")
@@ -97,7 +106,9 @@ def test_a_documented_command_runs_as_written(block, home, tmp_path, request):
     if os.environ.get("SIMPLIFIED_FLAX_REQUIRE_AOT") == "1":
       pytest.fail(f"{block.where} needs {module}, which is not installed")
     pytest.skip(f"{block.where} needs {module}")
-  cwd = REPO if options.get("cwd") == "repo" else tmp_path
+  cwd = tmp_path
+  if "experiments/" in block.text:   # `python experiments/x.py` as from the repository root
+    (cwd / "experiments").symlink_to(REPO / "experiments")
   if options.get("needs") == "quickstart":
     shutil.copytree(request.getfixturevalue("quickstart") / "workdirs", tmp_path / "workdirs")
   status, output = _run(block, cwd, home)
