@@ -32,29 +32,31 @@ def _document(rng) -> str:
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-  """HOME of every command (so prepared shards and hub caches land here, shared by the
-  commands of this module) and a small corpus of .py files for `$TINY_TRAIN`."""
-  root = tmp_path_factory.mktemp("docs_home")
-  corpus = root / "corpus"
+def env(tmp_path_factory) -> dict:
+  """The environment of every command: a HOME of this module (prepared shards and hub caches
+  land there, shared by its commands), `$TINY_TRAIN` on a small corpus of .py files, one
+  compilation cache for all xdist workers of the run (their base folders share a parent), so
+  that the same tiny programs compile once, and no network."""
+  home = tmp_path_factory.mktemp("docs_home")
+  corpus = home / "corpus"
   corpus.mkdir()
   rng = np.random.default_rng(0)
   for i in range(30):
     (corpus / f"module{i:02d}.py").write_text(_document(rng))
-  return root
-
-
-def _env(home) -> dict:
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
-  return dict(env, HOME=str(home), JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
+  run_root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    run_root = run_root.parent
+  base = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+  return dict(base, HOME=str(home), JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
+              JAX_COMPILATION_CACHE_DIR=str(run_root / "docs_jax_cache"),
               PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-              TINY_TRAIN=TINY_TRAIN.format(corpus=home / "corpus"),
-              PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
+              TINY_TRAIN=TINY_TRAIN.format(corpus=corpus),
+              PATH=os.path.dirname(sys.executable) + os.pathsep + base.get("PATH", ""))
 
 
-def _run(block: docs_pages.Block, cwd, home, command: str | None = None):
+def _run(block: docs_pages.Block, cwd, env: dict, command: str | None = None):
   """The block's commands (or `command`) in bash, in `cwd`, with the marker's arguments
-  appended to each; returns (status, stdout + stderr) of the last."""
+  appended to each; returns (status, stdout + stderr) of the last that ran."""
   options, extra = block.options()
   for path in filter(None, options.get("jsonl", "").split(",")):
     target = cwd / path
@@ -62,23 +64,25 @@ def _run(block: docs_pages.Block, cwd, home, command: str | None = None):
     rng = np.random.default_rng(len(path))
     target.write_text("".join(json.dumps({"text": _document(rng)}) + "\n" for _ in range(30)))
   if block.language == "python":
-    done = subprocess.run([sys.executable, "-c", block.text], cwd=cwd, env=_env(home),
+    done = subprocess.run([sys.executable, "-c", block.text], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
     return done.returncode, done.stdout + done.stderr
   for line in [command] if command else docs_pages.commands(block.text):
-    done = subprocess.run(["bash", "-c", f"{line} {extra}"], cwd=cwd, env=_env(home),
+    done = subprocess.run(["bash", "-c", f"{line} {extra}"], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
+    if done.returncode:
+      break   # the status the page documents is the failing command's
   return done.returncode, done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
-def quickstart(home, tmp_path_factory):
+def quickstart(env, tmp_path_factory):
   """The folder the README's quick-start train command ran in (its `workdirs/sas_p`); its
   install (.ci/run's, which CI runs before this step) is checked by test_docs_static.py."""
   cwd = tmp_path_factory.mktemp("quickstart")
   (line,) = docs_pages.commands(README_TRAIN.text)
   _, train = line.split(" && ", 1)
-  status, output = _run(README_TRAIN, cwd, home, command=train)
+  status, output = _run(README_TRAIN, cwd, env, command=train)
   assert status == 0, f"{README_TRAIN.where}: {train}\n{output[-4000:]}"
   assert "step 3/3" in output and (cwd / "workdirs" / "sas_p" / "metrics.jsonl").is_file()
   return cwd
@@ -99,7 +103,7 @@ def test_the_readme_quick_start_trains(quickstart):
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in RUNNABLE[1:]])
-def test_a_documented_command_runs_as_written(block, home, tmp_path, request):
+def test_a_documented_command_runs_as_written(block, env, tmp_path, request):
   options, _ = block.options()
   module = options.get("requires")
   if module and importlib.util.find_spec(module) is None:
@@ -111,7 +115,7 @@ def test_a_documented_command_runs_as_written(block, home, tmp_path, request):
     (cwd / "experiments").symlink_to(REPO / "experiments")
   if options.get("needs") == "quickstart":
     shutil.copytree(request.getfixturevalue("quickstart") / "workdirs", tmp_path / "workdirs")
-  status, output = _run(block, cwd, home)
+  status, output = _run(block, cwd, env)
   assert status == int(options.get("status", "0")), f"{block.where}:\n{output[-4000:]}"
   if block.language == "console":   # the output the page shows, line for line
     lines = set(output.splitlines())
