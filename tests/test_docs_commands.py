@@ -1,123 +1,23 @@
 """Every command the README and the docs pages mark runnable (`<!-- docs-test: run ... -->`),
 executed as written at tiny scale: what the marker appends (`$TINY_TRAIN`: a few steps of a
 tiny model on a small corpus) and nothing else, so a changed command, flag or field fails
-here until its page changes with it (docs/testing.md, "Docs that cannot rot"). Marked `docs`:
-CI runs these in their own step."""
-import importlib.util
-import json
-import os
-import shutil
-import subprocess
-import sys
-
-import numpy as np
+here until its page changes with it (docs/testing.md, "Docs that cannot rot"). The README's
+quick start and the commands that run on its workdir are test_docs_quickstart.py. Marked
+`docs`: CI runs these in their own step."""
 import pytest
 
 import docs_pages
+import docs_runner
 
 pytestmark = [pytest.mark.docs, pytest.mark.filterwarnings("ignore")]
-REPO = docs_pages.REPO
-RUNNABLE = docs_pages.marked("run")
-README_TRAIN = RUNNABLE[0]
-TINY_TRAIN = ("--config.num_train_steps=3 --config.model.n_layer=2 --config.model.n_embd=32 "
-              "--config.model.n_head=2 --config.model.context_length=16 --config.batch_size=8 "
-              "--config.log_every_steps=1 --config.eval_every_steps=3 --config.eval_steps=1 "
-              "--config.checkpoint_every_steps=1 --config.data.roots={corpus}")
-WORDS = ["def", "class", "return", "import", "self", "for", "in", "if", "else", "print",
-         "value", "data", "(", ")", ":", "x", "y", "=", "+", "0", "1"]
-
-
-def _document(rng) -> str:
-  return "\n".join(" ".join(rng.choice(WORDS, size=12)) for _ in range(40))
+ALONE = [b for b in docs_pages.marked("run")[1:] if b.options()[0].get("needs") is None]
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict:
-  """The environment of every command: a HOME of this module (prepared shards and hub caches
-  land there, shared by its commands), `$TINY_TRAIN` on a small corpus of .py files, one
-  compilation cache for all xdist workers of the run (their base folders share a parent), so
-  that the same tiny programs compile once, and no network."""
-  home = tmp_path_factory.mktemp("docs_home")
-  corpus = home / "corpus"
-  corpus.mkdir()
-  rng = np.random.default_rng(0)
-  for i in range(30):
-    (corpus / f"module{i:02d}.py").write_text(_document(rng))
-  run_root = tmp_path_factory.getbasetemp()
-  if os.environ.get("PYTEST_XDIST_WORKER"):
-    run_root = run_root.parent
-  base = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
-  return dict(base, HOME=str(home), JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-              JAX_COMPILATION_CACHE_DIR=str(run_root / "docs_jax_cache"),
-              PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-              TINY_TRAIN=TINY_TRAIN.format(corpus=corpus),
-              PATH=os.path.dirname(sys.executable) + os.pathsep + base.get("PATH", ""))
+  return docs_runner.command_env(tmp_path_factory)
 
 
-def _run(block: docs_pages.Block, cwd, env: dict, command: str | None = None):
-  """The block's commands (or `command`) in bash, in `cwd`, with the marker's arguments
-  appended to each; returns (status, stdout + stderr) of the last that ran."""
-  options, extra = block.options()
-  for path in filter(None, options.get("jsonl", "").split(",")):
-    target = cwd / path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(len(path))
-    target.write_text("".join(json.dumps({"text": _document(rng)}) + "\n" for _ in range(30)))
-  if block.language == "python":
-    done = subprocess.run([sys.executable, "-c", block.text], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
-    return done.returncode, done.stdout + done.stderr
-  for line in [command] if command else docs_pages.commands(block.text):
-    done = subprocess.run(["bash", "-c", f"{line} {extra}"], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
-    if done.returncode:
-      break   # the status the page documents is the failing command's
-  return done.returncode, done.stdout + done.stderr
-
-
-@pytest.fixture(scope="module")
-def quickstart(env, tmp_path_factory):
-  """The folder the README's quick-start train command ran in (its `workdirs/sas_p`); its
-  install (.ci/run's, which CI runs before this step) is checked by test_docs_static.py."""
-  cwd = tmp_path_factory.mktemp("quickstart")
-  (line,) = docs_pages.commands(README_TRAIN.text)
-  _, train = line.split(" && ", 1)
-  status, output = _run(README_TRAIN, cwd, env, command=train)
-  assert status == 0, f"{README_TRAIN.where}: {train}\n{output[-4000:]}"
-  assert "step 3/3" in output and (cwd / "workdirs" / "sas_p" / "metrics.jsonl").is_file()
-  return cwd
-
-
-def _param(block: docs_pages.Block):
-  """One test per block; those on the quick-start run share a worker under `-n 2 --dist
-  loadgroup`, so the README's run is made once."""
-  needs = block.options()[0].get("needs") == "quickstart"
-  return pytest.param(block, id=block.where,
-                      marks=[pytest.mark.xdist_group("quickstart")] if needs else [])
-
-
-@pytest.mark.xdist_group("quickstart")
-def test_the_readme_quick_start_trains(quickstart):
-  rows = (quickstart / "workdirs" / "sas_p" / "metrics.jsonl").read_text().splitlines()
-  assert any("eval_loss" in row for row in rows)
-
-
-@pytest.mark.parametrize("block", [_param(b) for b in RUNNABLE[1:]])
-def test_a_documented_command_runs_as_written(block, env, tmp_path, request):
-  options, _ = block.options()
-  module = options.get("requires")
-  if module and importlib.util.find_spec(module) is None:
-    if os.environ.get("SIMPLIFIED_FLAX_REQUIRE_AOT") == "1":
-      pytest.fail(f"{block.where} needs {module}, which is not installed")
-    pytest.skip(f"{block.where} needs {module}")
-  cwd = tmp_path
-  if "experiments/" in block.text:   # `python experiments/x.py` as from the repository root
-    (cwd / "experiments").symlink_to(REPO / "experiments")
-  if options.get("needs") == "quickstart":
-    shutil.copytree(request.getfixturevalue("quickstart") / "workdirs", tmp_path / "workdirs")
-  status, output = _run(block, cwd, env)
-  assert status == int(options.get("status", "0")), f"{block.where}:\n{output[-4000:]}"
-  if block.language == "console":   # the output the page shows, line for line
-    lines = set(output.splitlines())
-    for shown in docs_pages.console_output(block.text):
-      assert shown in lines, f"{block.where}: the page shows\n{shown}\nbut it printed\n{output}"
+@pytest.mark.parametrize("block", ALONE, ids=[b.where for b in ALONE])
+def test_a_documented_command_runs_as_written(block, env, tmp_path):
+  docs_runner.run_and_check(block, tmp_path, env)
