@@ -3,12 +3,16 @@
 Variant files (`configs/<variant>.py`) start from `get_config` here and change only what
 their block changes; they never copy numbers that are linked (see `get_ref` below).
 
-Run (Pre-LN, CPU-sized, about 10 minutes on 2 cores):
+Run (Pre-LN, CPU-sized):
     python -m simplified_flax.train --config=configs/preln.py:cpu --workdir=/tmp/preln
 
-The optional argument after the file name is a comma-separated list of switches:
-    cpu      shrink model, batch and steps so a laptop CPU trains it in ~10 minutes;
-    encoder  switch to the bidirectional MLM encoder (used by the bert_* configs).
+The optional argument after the file name is a comma-separated list of switches
+(docs/configs.md, "Switches"):
+    cpu         shrink model, batch and steps for a laptop CPU (L=6, D=256, 1,000 steps of
+                16 x 128 tokens; sas_p:cpu took 5m14s on 2 idle cores of the development
+                machine, 2026-12-01);
+    encoder     switch to the bidirectional MLM encoder (used by the bert_* configs);
+    codeparrot  the paper's data and recipe (CodeParrot, its tokenizer, one epoch; decoders).
 """
 import ml_collections
 from ml_collections import config_dict
@@ -90,10 +94,11 @@ def model_config() -> ml_collections.ConfigDict:
 
   m.dropout_rate = 0.0               # embedding, attention and residual dropout
 
-  # The tied head and its loss (README, "The loss"): training and evaluation score the final
-  # hidden states against the embedding this many vocabulary entries at a time, never holding
-  # the [tokens, V] logits (0: the full float32 logits, as before); the head's matmul width
-  # (and each chunk's) is rounded up to a multiple of vocab_pad_multiple (1: no padding).
+  # The tied head and its loss (docs/training.md, "The loss"): training and evaluation score
+  # the final hidden states against the embedding this many vocabulary entries at a time,
+  # never holding the [tokens, V] logits (0: the full float32 logits, as before); the head's
+  # matmul width (and each chunk's) is rounded up to a multiple of vocab_pad_multiple (1: no
+  # padding).
   m.loss_vocab_chunk_size = 8192
   m.vocab_pad_multiple = 1
   return m
@@ -101,7 +106,7 @@ def model_config() -> ml_collections.ConfigDict:
 
 def optimizer_config() -> ml_collections.ConfigDict:
   o = ml_collections.ConfigDict()
-  o.name = "adamw"                   # "adamw" or "muon" (training/optimizer.py; README)
+  o.name = "adamw"                   # "adamw" or "muon" (training/optimizer.py; docs/training.md)
   o.learning_rate = 1e-3
   o.schedule = "linear"              # "linear", "cosine", "rsqrt" or "constant"
   o.warmup_fraction = 0.05
@@ -117,7 +122,7 @@ def optimizer_config() -> ml_collections.ConfigDict:
 
 
 def data_config() -> ml_collections.ConfigDict:
-  """Corpus, tokenizer and batching (simplified_flax/data; README, "Data")."""
+  """Corpus, tokenizer and batching (simplified_flax/data; docs/data.md)."""
   d = ml_collections.ConfigDict()
   d.name = "python_code"             # "python_code", "text_files", "hf:<hub name | folder |
                                      # files>" (Hugging Face datasets) or any tfds text dataset
@@ -177,12 +182,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.eval_steps = 20
   c.checkpoint_every_steps = 1_000
   c.max_to_keep = 3                  # the latest N checkpoints, and ...
-  c.keep_every_steps = 0             # ... every step divisible by K (0: none); README "Resuming"
+  c.keep_every_steps = 0             # ... every step divisible by K (0: none); docs/resuming.md
   c.restore_step = _placeholder(int)  # None: the latest good step; N: rewind to N; 0: start over
   c.dtype = "float32"                # compute dtype: "float32" or "bfloat16"
   c.diagnostics_every = 0            # 0: never compute the signal-propagation diagnostics
-  c.compilation_cache_dir = _placeholder(str)  # JAX's compiled programs (README, "Compilation
-                                     # cache"); None: $XDG_CACHE_HOME/simplified_flax/jax (else
+  c.compilation_cache_dir = _placeholder(str)  # JAX's compiled programs (docs/training.md,
+                                     # "Compilation cache"); None:
+                                     # $XDG_CACHE_HOME/simplified_flax/jax (else
                                      # ~/.cache/...); "off": no cache; the same-named flag wins
   c.model = model_config()
   c.optimizer = optimizer_config()
@@ -241,7 +247,8 @@ def _use_codeparrot(c: ml_collections.ConfigDict, on_accelerator: bool) -> None:
 
 
 def _shrink_for_cpu(c: ml_collections.ConfigDict) -> None:
-  """A run that trains in about 10 minutes on 2 CPU cores on the embedded corpus."""
+  """A run for a laptop CPU on the embedded corpus (docs/training.md, "Measured": sas_p:cpu
+  took 5m14s on 2 idle cores)."""
   c.model.n_layer = 6
   c.model.n_embd = 256
   c.model.n_head = 8

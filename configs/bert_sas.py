@@ -3,7 +3,7 @@
 Bidirectional attention with a padding mask, MLM objective (masking rate 0.25), 16 layers,
 D=768, AdamW betas (0.9, 0.98), eps 1e-12, clipping 0.5, peak lr 3e-3 (paper Sec. 5).
 
-Pretrain (CPU-sized, about 10 minutes on 2 cores):
+Pretrain (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
     python -m simplified_flax.train --config=configs/bert_sas.py:cpu --workdir=/tmp/bert_sas
 Paper shape on an accelerator host:
     python -m simplified_flax.train --config=configs/bert_sas.py --workdir=/tmp/bert_sas

@@ -1,7 +1,7 @@
 """Naive skipless: Pre-LN with the attention skip simply removed -- the failure case that the
 paper's signal-propagation fixes exist for.
 
-Train (CPU-sized, about 10 minutes on 2 cores):
+Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
     python -m simplified_flax.train --config=configs/naive_skipless.py:cpu --workdir=/tmp/naive_skipless
 Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator host:
     python -m simplified_flax.train --config=configs/naive_skipless.py --workdir=/tmp/naive_skipless

@@ -1,6 +1,7 @@
 """SAS-P: SAS in the parallel layout, with no skip connection at all.
 
-Train (CPU-sized, about 5 minutes on 2 idle cores; eval loss about 1.78 after its 1,000 steps):
+Train (CPU-sized; 5m14s on 2 idle cores of the development machine, 2026-12-01, ending near
+eval loss 1.78 after its 1,000 steps):
     python -m simplified_flax.train --config=sas_p:cpu --workdir=/tmp/sas_p
 Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator host:
     python -m simplified_flax.train --config=configs/sas_p.py --workdir=/tmp/sas_p
@@ -8,9 +9,9 @@ Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator h
 Expected: close to Pre-LN per step, throughput 1.16x Pre-LN (paper Table 1).
 Trainable parameters at the paper's shape with a 50K vocabulary: 146,002,094.
 
-The paper's own data and recipe (the `codeparrot` switch, any decoder config; README, "Hugging
-Face data"): CodeParrot, the code-search-net tokenizer, one epoch of 100K documents' full
-128-token windows, bf16:
+The paper's own data and recipe (the `codeparrot` switch, any decoder config;
+docs/huggingface.md, "The paper's data"): CodeParrot, the code-search-net tokenizer, one
+epoch of 100K documents' full 128-token windows, bf16:
     python -m simplified_flax.train --config=sas_p:codeparrot --workdir=/tmp/sas_p_cp
     python -m simplified_flax.train --config=preln:codeparrot --workdir=/tmp/preln_cp
 Expected (paper Fig. 1 / Sec. 4): SAS-P's loss per step matches Pre-LN's at 18 layers with 12%

@@ -7,7 +7,8 @@
 
 A run's summary comes from its workdir alone (`config.json` + `metrics.jsonl`), so a report can
 be rebuilt from finished workdirs without training anything. Workdirs and report folders are
-read and written through `etils.epath`, so either may be `gs://...` (README "Remote workdirs").
+read and written through `etils.epath`, so either may be `gs://...` (docs/distributed.md,
+"Remote workdirs").
 """
 import argparse
 import ast

@@ -1,7 +1,7 @@
 """`python -m simplified_flax.benchmark --configs=...`: the throughput benchmark.
 
 A measuring tool kept beside the experiments: this runs the source checkout's
-`experiments/benchmark.py` (flags and figures: there and in the README) with the same argv.
+`experiments/benchmark.py` (flags and figures: there and in docs/benchmark.md) with the same argv.
 """
 import pathlib
 import runpy

@@ -1,5 +1,5 @@
-"""Compile a config's train and eval steps for an accelerator, on any machine (README,
-"Compile for your accelerator").
+"""Compile a config's train and eval steps for an accelerator, on any machine (docs/compile.md,
+"Compiling for an accelerator").
 
     python -m simplified_flax.compile --config=sas_p --target=v5e-8 [--json]
     python -m simplified_flax.compile --config=sas_p --target=v5e-256 --config.parallel.fsdp=8 \\

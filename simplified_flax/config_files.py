@@ -21,7 +21,7 @@ _HERE = pathlib.Path(__file__).resolve().parent
 _CHECKOUT_CONFIGS = _HERE.parent / "configs"
 CONFIG_FILE = "config.json"   # the resolved config a training run writes to its workdir
 FLAG_HELP = ("A config name (sas_p, preln, bert_sas_p, ...) or the path of a .py file with "
-             "get_config(), then :switches, e.g. sas_p:cpu (README, \"Training\").")
+             "get_config(), then :switches, e.g. sas_p:cpu (docs/configs.md).")
 
 
 class ConfigSpecError(ValueError):
@@ -91,7 +91,7 @@ def _module_for(target: str) -> tuple[types.ModuleType, bool]:
       return importlib.import_module(f"{PACKAGE}.{path.stem}"), True
     return _load_user_file(path), False
   stem = path.name[:-3] if path.name.endswith(".py") else path.name
-  # A bare name, or the README's `configs/<name>.py` run from another folder.
+  # A bare name, or the docs' `configs/<name>.py` run from another folder.
   if stem in known_configs() and str(path.parent) in (".", "configs"):
     return importlib.import_module(f"{PACKAGE}.{stem}"), True
   close = difflib.get_close_matches(stem, known_configs(), n=1, cutoff=0.6)

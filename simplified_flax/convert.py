@@ -1,5 +1,5 @@
-"""The authors' PyTorch checkpoints in both directions (README, "Converting the authors'
-checkpoints"):
+"""The authors' PyTorch checkpoints in both directions (docs/evaluating.md, "Converting the
+authors' checkpoints"):
 
     python -m simplified_flax.convert --from_authors=DIR --workdir=OUT
     python -m simplified_flax.convert --to_authors=DIR --workdir=IN [--step=S]

@@ -1,4 +1,5 @@
-"""Evaluation of a training run's checkpoint from the command line (README, "Evaluating").
+"""Evaluation of a training run's checkpoint from the command line (docs/evaluating.md,
+"Evaluating").
 
     python -m simplified_flax.evaluate --workdir=DIR [--eval_steps=N] [--step=S] [--quantize=w8a8]
 

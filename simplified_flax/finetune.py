@@ -1,4 +1,4 @@
-"""GLUE fine-tuning of a pretrained encoder (README, "Fine-tuning on a GLUE task").
+"""GLUE fine-tuning of a pretrained encoder (docs/encoders.md, "Fine-tuning on a GLUE task").
 
     python -m simplified_flax.finetune --config=bert_sas_p \\
         --pretrained_workdir=DIR --task=sst2 [--workdir=OUT] [--finetune.epochs=5 ...]

@@ -1,4 +1,5 @@
-"""Parameter counts of a config without allocating the parameters (README, "Parameter counts").
+"""Parameter counts of a config without allocating the parameters (docs/building.md,
+"Parameter counts").
 
     python -m simplified_flax.params --config=sas_p:cpu [--config.model.vocab_size=50000] \\
         [--breakdown]

@@ -1,4 +1,4 @@
-"""Tokenize a config's corpus once into prepared shards, with worker processes (README,
+"""Tokenize a config's corpus once into prepared shards, with worker processes (docs/data.md,
 "Prepared shards").
 
     python -m simplified_flax.prepare --config=preln [--config.data.name=lm1b ...] \\

@@ -1,4 +1,4 @@
-"""Sample from a trained decoder: the command line and the library call behind it (README,
+"""Sample from a trained decoder: the command line and the library call behind it (docs/sampling.md,
 "Sampling").
 
     python -m simplified_flax.sample --workdir=DIR --prompt='def fib(n):' \\

@@ -1,4 +1,4 @@
-"""Training: the library API and the command line behind it (README, "Training").
+"""Training: the library API and the command line behind it (docs/training.md).
 
     python -m simplified_flax.train --config=sas_p:cpu --workdir=DIR [--config.key=value ...] \\
         [--coordinator_address=host:port --num_processes=N --process_id=i]

@@ -1,5 +1,5 @@
 """User errors end a command with one line on stderr and status 2 (usage) or 1 (other), no
-traceback; bugs keep theirs; SIGTERM in start-up exits 0 (README, "Errors and exit statuses")."""
+traceback; bugs keep theirs; SIGTERM in start-up exits 0 (docs/errors.md)."""
 import errno
 import os
 import signal

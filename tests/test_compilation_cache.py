@@ -1,4 +1,4 @@
-"""The persistent compilation cache of the train, evaluate and sample commands (README,
+"""The persistent compilation cache of the train, evaluate and sample commands (docs/training.md,
 "Compilation cache"): filled by a run, read by the next, off with "off", a bad folder is one
 line and status 2."""
 import os

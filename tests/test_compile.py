@@ -1,6 +1,6 @@
 """`python -m simplified_flax.compile`: a tiny model's steps compiled, on this CPU, for a 4-chip
-TPU v5e (libtpu) and an H100 (jax's CUDA plugin), with no accelerator (README, "Compile for
-your accelerator"). Tests that need a compiler skip where it is missing, and fail instead
+TPU v5e (libtpu) and an H100 (jax's CUDA plugin), with no accelerator (docs/compile.md, "Compiling
+for an accelerator"). Tests that need a compiler skip where it is missing, and fail instead
 under SIMPLIFIED_FLAX_REQUIRE_AOT=1 (CI's accelerator-compiler step)."""
 import json
 import os

@@ -1,5 +1,5 @@
 """A lost process of a two-process run ends the survivor within 30 s, with one line naming
-it (README, "Errors and exit statuses")."""
+it (docs/errors.md)."""
 import signal
 import time
 

@@ -1,5 +1,6 @@
 """A way back from divergence: a sparse checkpoint trail, the non-finite error naming the kept
-steps and the command, and `restore_step` setting later steps aside (README, "Resuming")."""
+steps and the command, and `restore_step` setting later steps aside (docs/resuming.md,
+"A way back from divergence")."""
 import collections
 import os
 

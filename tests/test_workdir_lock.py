@@ -1,5 +1,5 @@
 """One training run per workdir: a second run is refused naming the holder and touching
-nothing; a dead holder's lock is taken over (README, "Resuming")."""
+nothing; a dead holder's lock is taken over (docs/resuming.md, "One run per workdir")."""
 import json
 import os
 import signal

@@ -1,6 +1,6 @@
 """Data for training: corpora (local files, Hugging Face datasets or tfds), tokenizers (byte,
 SentencePiece, Hugging Face), prepared token shards, windows or packed rows, MLM, the
-checkpointable iterator (README, "Data").
+checkpointable iterator (docs/data.md).
 
     pipeline = build_pipeline(config, workdir=workdir)   # sets config.model.vocab_size if None
     it = pipeline.train_iterator()

@@ -4,7 +4,7 @@ renamed into place only once whole; restored from the latest step whose digests 
 ones are moved to `corrupt_checkpoints/` once a good one is found, never deleted; a step saved
 before `data_digest` existed is checked on its state only); a config that changes
 parameter shapes is refused naming the fields. `StopRequest`: SIGTERM or a multi-host
-preemption makes the loop save at its next step and return (README, "Resuming").
+preemption makes the loop save at its next step and return (docs/resuming.md, "Resuming").
 """
 import dataclasses
 import json

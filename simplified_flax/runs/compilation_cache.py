@@ -1,4 +1,4 @@
-"""JAX's persistent compilation cache for the train, evaluate and sample commands (README,
+"""JAX's persistent compilation cache for the train, evaluate and sample commands (docs/training.md,
 "Compilation cache"): a restarted run loads its compiled steps instead of compiling them again.
 
 Each entry point calls `enable(*choose(flag, config))` once, before its first compile. The

@@ -18,7 +18,7 @@ from simplified_flax import cli
 from simplified_flax.runs import distributed_failure
 
 # JAX's own verdict on a silent process: the backstop behind distributed_failure's watchdog,
-# which ends the survivors sooner and with one line (README, "Errors and exit statuses").
+# which ends the survivors sooner and with one line (docs/errors.md).
 HEARTBEAT_TIMEOUT_S = 25
 _CHILD_ENV = "SIMPLIFIED_FLAX_SUPERVISED"
 _FATAL_LINE = re.compile(rb"^F\d{4} \d\d:\d\d:\d\d")   # an absl FATAL record starts the report

@@ -1,7 +1,7 @@
 """The one non-finite-loss check of pre-training and fine-tuning: a run stops at the first step
 whose loss or gradient norm is NaN or infinite, before it evaluates or saves past it, with an
 error naming what to do next (for pre-training: the kept checkpoint steps and the command that
-rewinds to one with a lower learning rate; README, "Resuming").
+rewinds to one with a lower learning rate; docs/resuming.md, "A way back from divergence").
 
 Bad data is excluded before this advice is given: pre-training batches are made from rows whose
 token ids are checked against the vocabulary (`data/shard_checks.py`), so a batch with an id out

@@ -1,5 +1,5 @@
-"""Where a (re)started run begins (README, "Resuming"): with `config.restore_step` None the
-latest good checkpoint; N: kept step N, once it reads back intact; 0: start over. A rewind
+"""Where a (re)started run begins (docs/resuming.md, "Resuming"): with `config.restore_step`
+None the latest good checkpoint; N: kept step N, once it reads back intact; 0: start over. A rewind
 moves the later steps and metrics.jsonl rows (and a copy of the TensorBoard events) to
 `<workdir>/set_aside/after_step_N_<time>/`, never deleting; the steps saved after it record its
 restore_step, so a rerun resumes from the latest. A changed schedule gets a console line.
