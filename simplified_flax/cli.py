@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import traceback
+import warnings
 from typing import Callable, Sequence
 
 from absl import app
@@ -105,11 +106,23 @@ def run(main: Callable[[list[str]], None], program: str) -> None:
       raise   # a bug: keep the traceback
     if verbose:
       traceback.print_exc()
+    # Coroutines of a failed background save (Orbax), never awaited: a warning each at exit.
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited")
     if lost is not None:
       distributed_failure.stop(lost, program)   # one line, status 1
     print(f"{program}: error: {one_line(error)}"
           + ("" if verbose else " (--verbose shows the traceback)"), file=sys.stderr, flush=True)
+    if _store_down(error):
+      # Orbax's save threads still wait on the dead store (minutes, and they are not daemon
+      # threads); what was completed is durable already, so leave now.
+      sys.stdout.flush()
+      os._exit(status)
     sys.exit(status)
+
+
+def _store_down(error: BaseException) -> bool:
+  from simplified_flax.retries import StoreUnavailableError  # pylint: disable=import-outside-toplevel
+  return any(isinstance(e, StoreUnavailableError) for e in error_chain(error))
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -181,6 +194,7 @@ def _user_error_types():
   from simplified_flax.aot import targets
   from simplified_flax.authors import ConversionError
   from simplified_flax.data.errors import DataError
+  from simplified_flax.retries import StoreUnavailableError
   from simplified_flax.runs import checkpoints
   from simplified_flax.runs import nonfinite
   from simplified_flax.runs import workdir_lock
@@ -190,7 +204,8 @@ def _user_error_types():
   other = (DataError, targets.DoesNotFitError, ConversionError,
            checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
            checkpoints.WorkdirError, workdir_lock.WorkdirLockedError,
-           nonfinite.NonFiniteLossError, distributed_failure.PeerLostError)
+           nonfinite.NonFiniteLossError, distributed_failure.PeerLostError,
+           StoreUnavailableError)
   return usage, other
 
 

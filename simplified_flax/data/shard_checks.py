@@ -13,6 +13,7 @@ from etils import epath
 import numpy as np
 
 from simplified_flax.data.errors import DataError
+from simplified_flax import storage
 from simplified_flax.storage import is_remote
 
 _CHUNK = 1 << 24  # 16 MiB: a local file is checksummed without being held in memory
@@ -25,7 +26,7 @@ def crc32_of_bytes(data: bytes) -> int:
 def crc32_of_file(path: epath.Path) -> int:
   """The crc32 of the file's bytes (a local file in chunks, a remote one whole)."""
   if is_remote(path):
-    return crc32_of_bytes(path.read_bytes())
+    return crc32_of_bytes(storage.read_bytes(path))
   crc = 0
   with open(os.fspath(path), "rb") as f:
     for chunk in iter(lambda: f.read(_CHUNK), b""):

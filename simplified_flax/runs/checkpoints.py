@@ -6,6 +6,7 @@ before `data_digest` existed is checked on its state only); a config that change
 parameter shapes is refused naming the fields. `StopRequest`: SIGTERM or a multi-host
 preemption makes the loop save at its next step and return (README, "Resuming").
 """
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,6 +24,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from simplified_flax import config_files
+from simplified_flax import retries
 from simplified_flax import storage
 from simplified_flax.model.parameters import parameter_shapes
 
@@ -129,9 +131,33 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_di
   data state's digest, checked on restore."""
   meta = dict(meta, step=int(step), fingerprint=int(jax.device_get(fingerprint(state))),
               data_digest=data_digest(data_state))
-  return manager.save(step, force=True, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
-      config=ocp.args.JsonSave(config_dict), meta=ocp.args.JsonSave(meta)))
+  with store_errors("saving checkpoints under", manager.directory):   # this or the one before
+    return manager.save(step, force=True, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
+        config=ocp.args.JsonSave(config_dict), meta=ocp.args.JsonSave(meta)))
+
+
+def finish(manager: ocp.CheckpointManager) -> None:
+  """Waits for the save in flight; an object store that failed it for the whole retry budget
+  (tensorstore's, inside Orbax) is one StoreUnavailableError line."""
+  with store_errors("saving checkpoints under", manager.directory):
+    manager.wait_until_finished()
+
+
+@contextlib.contextmanager
+def store_errors(operation: str, directory):
+  """Re-raises a transient object-store error that Orbax (its tensorstore and epath layers,
+  each retrying within the budget already) gave up on as a one-line StoreUnavailableError."""
+  start = time.monotonic()
+  try:
+    yield
+  except Exception as error:  # pylint: disable=broad-except
+    status = retries.transient_status(error)
+    if status is None or not storage.is_remote(directory) or isinstance(
+        error, retries.StoreUnavailableError):
+      raise
+    raise retries.unavailable(operation, directory, status,
+                              max(time.monotonic() - start, retries.budget_s())) from error
 
 
 def flatten_config(d: dict) -> dict[str, Any]:
@@ -207,6 +233,7 @@ def _try_restore(manager, step, target_state, new_config):
     head = manager.restore(step, args=ocp.args.Composite(
         config=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
   except Exception as e:  # pylint: disable=broad-except
+    _raise_if_store_down(e, manager, step)
     return f"its config/meta cannot be read ({e!r:.300})", None
   check_compatible(head["config"], new_config, f"{manager.directory}/{step}")
   try:
@@ -214,6 +241,7 @@ def _try_restore(manager, step, target_state, new_config):
         state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
     got = int(jax.device_get(fingerprint(body["state"])))
   except Exception as e:  # pylint: disable=broad-except
+    _raise_if_store_down(e, manager, step)
     return f"its state cannot be read ({e!r:.300})", None
   if got != head["meta"]["fingerprint"]:
     return (f"its state fingerprint {got} does not match the saved "
@@ -223,6 +251,14 @@ def _try_restore(manager, step, target_state, new_config):
     return (f"its data state digest {data_digest(body['data'])} does not match the saved "
             f"{saved_digest}"), None
   return None, Restored(step, body["state"], body["data"], head["meta"], head["config"])
+
+
+def _raise_if_store_down(error: Exception, manager, step: int) -> None:
+  """A step the store would not serve is not corrupt: StoreUnavailableError, nothing moved."""
+  status = retries.transient_status(error)
+  if status is not None and storage.is_remote(manager.directory):
+    raise retries.unavailable("restoring checkpoint", epath.Path(manager.directory) / str(step),
+                              status, retries.budget_s()) from error
 
 
 def set_aside(manager: ocp.CheckpointManager, destinations: dict[int, epath.Path],

@@ -9,6 +9,7 @@ import jax
 import ml_collections
 
 from simplified_flax.config_files import CONFIG_FILE
+from simplified_flax import retries
 from simplified_flax import storage
 from simplified_flax.data.errors import DataError
 from simplified_flax.runs import checkpoints
@@ -61,7 +62,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config a training run wrote to `<workdir>/config.json`; a missing or damaged
   one (not JSON, not an object) is a one-line WorkdirError, and nothing is written."""
   path = epath.Path(workdir) / CONFIG_FILE     # epath: the workdir may be gs://...
-  if not path.exists():
+  if not storage.exists(path):
     raise checkpoints.WorkdirError(f"{path} does not exist: is {workdir!r} the --workdir of a "
                                    f"training run?")
   saved = storage.read_json_object(path, checkpoints.WorkdirError, (
@@ -120,6 +121,7 @@ def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None,
   quantizing = quantize.parse_scheme(quantize_scheme) != (False, False)   # fails before reading
   config = load_config(workdir)
   config_checks.validate_run_config(config, jax.device_count())
+  retries.configure_from(config)
   pipeline = input_pipeline(config, workdir, pipeline)
   placement = Placement.from_config(config)
   abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(config.seed)))

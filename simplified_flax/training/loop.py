@@ -7,6 +7,7 @@ import json
 from etils import epath
 import jax
 
+from simplified_flax import retries
 from simplified_flax import storage
 from simplified_flax.config_files import CONFIG_FILE
 from simplified_flax.data.prefetch import Prefetcher
@@ -60,6 +61,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   workdir, NonFiniteLossError naming the step and how to rewind (`config.restore_step`).
   """
   config_checks.validate_run_config(config, jax.device_count())
+  retries.configure_from(config)
   if pipeline is None:
     data_preflight.check_tfds_available(config.data)   # seconds, not tfds's minutes of retries
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)   # the lock file lives there
@@ -226,7 +228,7 @@ def _close(feeder, iterator, manager, writer, stop) -> None:
   feeder.close()
   if hasattr(iterator, "close"):   # the data pipeline's own prefetch thread, if any
     iterator.close()
-  manager.wait_until_finished()
+  checkpoints.finish(manager)
   manager.close()
   writer.close()
   stop.close()
