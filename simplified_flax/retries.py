@@ -18,6 +18,7 @@ A request is declared stalled after `request_timeout_s(budget_s)`: a quarter of 
 between 1 s and 60 s, so that a stall still leaves time to retry within the budget.
 """
 import asyncio
+import contextlib
 import functools
 import os
 import random
@@ -32,7 +33,8 @@ FIRST_DELAY_S = 0.25     # the first retry waits about this long; each next one 
 MAX_DELAY_S = 8.0        # ... up to this
 _TRANSIENT_HTTP = frozenset([408, 429]) | frozenset(range(500, 600))
 # tensorstore's errors carry the status in their text: "... [http_response_code=503] ..."
-_TENSORSTORE_STATUS = re.compile(r"http_response_code=(\d{3})|HTTP (?:response code|status):? (\d{3})")
+_TENSORSTORE_STATUS = re.compile(
+    r"http_response_code=(\d{3})|HTTP (?:response code|status):? (\d{3})")
 _TENSORSTORE_TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "Timeout was reached",
                           "Connection reset", "Connection refused", "Operation timed out")
 
@@ -136,6 +138,21 @@ def unavailable(operation: str, path, status: str, waited_s: float) -> StoreUnav
       "completed checkpoint is kept: rerun the same command once the store answers.")
 
 
+@contextlib.contextmanager
+def gave_up(operation: str, path):
+  """Re-raises a transient error that another layer (Orbax's tensorstore and gcsfs, each
+  retrying within the budget already) gave up on as a one-line StoreUnavailableError."""
+  start = time.monotonic()
+  try:
+    yield
+  except Exception as error:  # pylint: disable=broad-except
+    status = transient_status(error)
+    if status is None or not is_remote(path) or isinstance(error, StoreUnavailableError):
+      raise
+    raise unavailable(operation, path, status,
+                      max(time.monotonic() - start, _budget_s)) from error
+
+
 def call(operation: str, path, fn: Callable[[], T]) -> T:
   """`fn()`, retried on transient errors within the budget when `path` is remote (a local path:
   called once). `operation` ("write", "read", "move") names it in the log and the error."""
@@ -229,16 +246,19 @@ def _configure_tensorstore(budget: float) -> None:
   ts_utils.get_ts_context = get_ts_context
 
 
-def configure_from(config) -> None:
+def configure_from(config, *paths) -> None:
   """`configure` with the config's `storage_retry_budget_s` (absent in older saved configs:
-  the default)."""
-  configure(config.get("storage_retry_budget_s", DEFAULT_BUDGET_S))
+  the default), reaching into gcsfs and tensorstore when one of `paths` is remote."""
+  configure(config.get("storage_retry_budget_s", DEFAULT_BUDGET_S),
+            remote=any(p and is_remote(p) for p in paths))
 
 
-def configure(budget: float) -> None:
-  """Makes `budget` seconds the retry budget of every layer; call once a run's config is
-  known, before its first remote request (idempotent)."""
-  global _budget_s
-  _budget_s = float(budget)
-  _configure_gcsfs(_budget_s)
-  _configure_tensorstore(_budget_s)
+def configure(budget: float, remote: bool = True) -> None:
+  """Makes `budget` seconds the retry budget of this project's calls and, with `remote`, of
+  gcsfs's and tensorstore's (importing them: a local run skips that); call once a run's config
+  is known, before its first remote request (idempotent). A new budget is a fresh start."""
+  global _budget_s, _store_down
+  _budget_s, _store_down = float(budget), False
+  if remote:
+    _configure_gcsfs(_budget_s)
+    _configure_tensorstore(_budget_s)

@@ -67,6 +67,34 @@ def _restore_all(workdir: str) -> dict:
   return states
 
 
+def _restore_all_in_bucket(url: str) -> dict:
+  """`_restore_all(WORKDIR)` in this process, straight from the emulator at `url`: epath and
+  tensorstore pointed there, epath through the plain gcsfs client (no bucket-type probe over
+  gRPC); afterwards epath forgets that filesystem (it caches one, with its listings)."""
+  # pylint: disable=import-outside-toplevel,protected-access
+  import etils.epath.gpath as gpath
+  from etils.epath import backend as epath_backend
+  import gcsfs.core
+  os.environ.update(TENSORSTORE_GCS_HTTP_URL=url, GOOGLE_AUTH_TOKEN_FOR_TESTING="emulator",
+                    STORAGE_EMULATOR_HOST=url, NO_GCE_CHECK="true")
+  fsspec_registry = importlib.import_module("fsspec.registry")   # fsspec.registry: a dict
+  real_is_tf, registry = gpath._is_tf_installed, dict(fsspec_registry._registry)
+  def forget_filesystems():
+    gcsfs.core.GCSFileSystem.clear_instance_cache()
+    epath_backend.fsspec_backend._get_filesystem.cache_clear()
+  gpath._is_tf_installed = lambda: False
+  for protocol in ("gs", "gcs"):
+    fsspec_registry.register_implementation(protocol, gcsfs.core.GCSFileSystem, clobber=True)
+  forget_filesystems()
+  try:
+    return _restore_all(WORKDIR)
+  finally:
+    gpath._is_tf_installed = real_is_tf
+    forget_filesystems()
+    fsspec_registry._registry.clear()
+    fsspec_registry._registry.update(registry)
+
+
 def _losses(lines: str) -> list[tuple]:
   return [(r["step"], r.get("loss"), r.get("eval_loss")) for r in map(json.loads,
                                                                       lines.splitlines())]
@@ -128,6 +156,7 @@ def story(tmp_path_factory):
     out["b_status"], out["b_down_s"] = run.returncode, time.monotonic() - proxy.outage_since
     out["b_stderr"] = (tmp / "b.err").read_text()
     out["b_committed_4"] = fs.exists(f"{BUCKET}/run/checkpoints/4/commit_success.txt")
+    out["digest_4"] = json.loads(fs.cat(f"{BUCKET}/run/checkpoints/4/digest.json"))["files"]
 
     # C: the store is back.
     proxy.outage(None)
@@ -143,22 +172,7 @@ def story(tmp_path_factory):
     proxy.rules = []
     out["history"] = fs.cat(f"{BUCKET}/run/metrics.jsonl").decode()
     out["reference_history"] = (reference / "metrics.jsonl").read_text()
-    os.environ.update(TENSORSTORE_GCS_HTTP_URL=direct, GOOGLE_AUTH_TOKEN_FOR_TESTING="emulator",
-                      STORAGE_EMULATOR_HOST=direct, NO_GCE_CHECK="true",
-                      GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
-    import etils.epath.gpath as gpath   # pylint: disable=import-outside-toplevel
-    fsspec_registry = importlib.import_module("fsspec.registry")   # not fsspec.registry: a dict
-    real_is_tf, registry = gpath._is_tf_installed, dict(fsspec_registry._registry)  # pylint: disable=protected-access
-    gpath._is_tf_installed = lambda: False   # epath through gcsfs, to this emulator, with the
-    for protocol in ("gs", "gcs"):           # plain client (no bucket-type probe over gRPC)
-      fsspec_registry.register_implementation(protocol, gcsfs.core.GCSFileSystem, clobber=True)
-    gcsfs.core.GCSFileSystem.clear_instance_cache()
-    try:
-      out["states"] = _restore_all(WORKDIR)
-    finally:
-      gpath._is_tf_installed = real_is_tf
-      fsspec_registry._registry.clear()   # pylint: disable=protected-access
-      fsspec_registry._registry.update(registry)   # pylint: disable=protected-access
+    out["states"] = _restore_all_in_bucket(direct)
     out["reference_states"] = _restore_all(str(reference))
     yield out
   finally:
@@ -174,6 +188,8 @@ def test_transient_faults_leave_the_run_bit_identical(story):
   assert all(story["a_fired"].values()), story["a_fired"]     # every fault landed in A ...
   assert all(v for k, v in story["c_fired"].items() if "tokens" not in k), story["c_fired"]
   assert "Retrying" in story["c_stderr"]                      # ... and was retried, logged
+  digest = story["digest_4"]             # written last, from the store's own checksums
+  assert any(name.startswith("state/") for name in digest) and all(digest.values()), digest
   assert _losses(story["history"]) == _losses(story["reference_history"])   # bit for bit
   assert [s for s, loss, _ in _losses(story["history"]) if loss is not None] == \
       list(range(1, RUN["num_train_steps"] + 1))              # every step once

@@ -251,7 +251,7 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
     with concurrent.futures.ProcessPoolExecutor(   # workers retry as this process does
         workers, mp_context=context, initializer=retries.configure,
-        initargs=(retries.budget_s(),)) as pool:
+        initargs=(retries.budget_s(), is_remote(root))) as pool:
       pending = []  # (index, size, future), at most workers + 1 in flight: bounded memory
       for index, chunk in itertools.chain(chunks, [(None, None)]):
         if index is not None:

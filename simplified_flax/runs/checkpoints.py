@@ -6,13 +6,13 @@ before `data_digest` existed is checked on its state only); a config that change
 parameter shapes is refused naming the fields. `StopRequest`: SIGTERM or a multi-host
 preemption makes the loop save at its next step and return (README, "Resuming").
 """
-import contextlib
 import dataclasses
 import json
 import os
 import signal
 import threading
 import time
+import weakref
 import zlib
 from typing import Any
 
@@ -26,6 +26,7 @@ from jax.experimental import multihost_utils
 from simplified_flax import config_files
 from simplified_flax import retries
 from simplified_flax import storage
+from simplified_flax.runs import checkpoint_digest
 from simplified_flax.model.parameters import parameter_shapes
 
 ITEMS = ("state", "data", "config", "meta")
@@ -131,33 +132,31 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_di
   data state's digest, checked on restore."""
   meta = dict(meta, step=int(step), fingerprint=int(jax.device_get(fingerprint(state))),
               data_digest=data_digest(data_state))
-  with store_errors("saving checkpoints under", manager.directory):   # this or the one before
-    return manager.save(step, force=True, args=ocp.args.Composite(
+  finish(manager)   # the previous save (Orbax waits for it anyway), then its file digest
+  with retries.gave_up("saving checkpoints under", manager.directory):   # Orbax's layers
+    saved = manager.save(step, force=True, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
         config=ocp.args.JsonSave(config_dict), meta=ocp.args.JsonSave(meta)))
+  if saved:
+    _undigested.setdefault(manager, []).append(int(step))
+  return saved
+
+
+# Steps saved (asynchronously) whose digest.json is not written yet, per manager.
+_undigested: "weakref.WeakKeyDictionary[ocp.CheckpointManager, list[int]]" = (
+    weakref.WeakKeyDictionary())
 
 
 def finish(manager: ocp.CheckpointManager) -> None:
-  """Waits for the save in flight; an object store that failed it for the whole retry budget
+  """Waits for the save in flight, then (process 0) writes the file digest of every step
+  saved since, last. An object store that failed the save for the whole retry budget
   (tensorstore's, inside Orbax) is one StoreUnavailableError line."""
-  with store_errors("saving checkpoints under", manager.directory):
+  with retries.gave_up("saving checkpoints under", manager.directory):
     manager.wait_until_finished()
-
-
-@contextlib.contextmanager
-def store_errors(operation: str, directory):
-  """Re-raises a transient object-store error that Orbax (its tensorstore and epath layers,
-  each retrying within the budget already) gave up on as a one-line StoreUnavailableError."""
-  start = time.monotonic()
-  try:
-    yield
-  except Exception as error:  # pylint: disable=broad-except
-    status = retries.transient_status(error)
-    if status is None or not storage.is_remote(directory) or isinstance(
-        error, retries.StoreUnavailableError):
-      raise
-    raise retries.unavailable(operation, directory, status,
-                              max(time.monotonic() - start, retries.budget_s())) from error
+    for step in _undigested.pop(manager, []):
+      step_dir = epath.Path(manager.directory) / str(step)
+      if jax.process_index() == 0 and storage.exists(step_dir):   # not already cleaned up
+        checkpoint_digest.write(step_dir)
 
 
 def flatten_config(d: dict) -> dict[str, Any]:
@@ -229,6 +228,13 @@ def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dic
 
 def _try_restore(manager, step, target_state, new_config):
   """(None, Restored) for a good step, else (why it is bad, None)."""
+  try:
+    why = checkpoint_digest.mismatch(epath.Path(manager.directory) / str(step))
+  except Exception as e:  # pylint: disable=broad-except
+    _raise_if_store_down(e, manager, step)
+    raise
+  if why is not None:
+    return why, None
   try:
     head = manager.restore(step, args=ocp.args.Composite(
         config=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))

@@ -12,6 +12,7 @@ from simplified_flax.config_files import CONFIG_FILE
 from simplified_flax import retries
 from simplified_flax import storage
 from simplified_flax.data.errors import DataError
+from simplified_flax.data.pipeline import shard_root
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import config_checks
 from simplified_flax.training import losses
@@ -121,7 +122,7 @@ def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None,
   quantizing = quantize.parse_scheme(quantize_scheme) != (False, False)   # fails before reading
   config = load_config(workdir)
   config_checks.validate_run_config(config, jax.device_count())
-  retries.configure_from(config)
+  retries.configure_from(config, workdir, shard_root(config.data))
   pipeline = input_pipeline(config, workdir, pipeline)
   placement = Placement.from_config(config)
   abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(config.seed)))
