@@ -63,7 +63,7 @@ def check_token_ids(tokens: np.ndarray, vocab_size: int, where: str, offsets=Non
   `tokens` (int [B, T]); `offsets(row, column)` gives that position's token offset in the
   shard file. One vectorised max per call when every id is in range (signed ids are read as
   unsigned, so a negative one is a huge one)."""
-  if tokens.size == 0 or _max_as_unsigned(tokens) < vocab_size:
+  if ids_in_range(tokens, vocab_size):
     return
   row, column = (int(i) for i in np.argwhere((tokens < 0) | (tokens >= vocab_size))[0])
   position = (f"token {offsets(row, column)}" if offsets is not None
@@ -73,7 +73,14 @@ def check_token_ids(tokens: np.ndarray, vocab_size: int, where: str, offsets=Non
                   "made with another tokenizer. Delete its directory and prepare the split again.")
 
 
+def ids_in_range(tokens: np.ndarray, vocab_size: int) -> bool:
+  """Whether every id of `tokens` lies in [0, vocab_size): one vectorised max."""
+  return tokens.size == 0 or _max_as_unsigned(tokens) < vocab_size
+
+
 def _max_as_unsigned(tokens: np.ndarray) -> int:
+  if tokens.dtype.kind == "u":
+    return int(tokens.max())
   if tokens.dtype.kind == "i" and tokens.flags.c_contiguous:
     return int(tokens.view(np.dtype(f"u{tokens.dtype.itemsize}")).max())
   return int(tokens.max()) if tokens.min() >= 0 else np.iinfo(np.uint64).max
