@@ -40,8 +40,9 @@ _TENSORSTORE_TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "Timeout was reach
 
 T = TypeVar("T")
 _budget_s = DEFAULT_BUDGET_S
-# Set once an operation spent the whole budget: the clean-up on the way out (closing files,
-# releasing the lock) then tries once each, so the run ends within about one budget.
+# Set once an operation spent the whole budget, until a request succeeds: the clean-up on
+# the way out (closing files, releasing the lock) then tries once each, so the run ends
+# within about one budget.
 _store_down = False
 
 
@@ -158,10 +159,13 @@ def call(operation: str, path, fn: Callable[[], T]) -> T:
   called once). `operation` ("write", "read", "move") names it in the log and the error."""
   if not is_remote(path):
     return fn()
+  global _store_down
   start, attempt = time.monotonic(), 0
   while True:
     try:
-      return fn()
+      result = fn()
+      _store_down = False
+      return result
     except Exception as error:  # pylint: disable=broad-except
       status = transient_status(error)
       if status is None or isinstance(error, StoreUnavailableError):

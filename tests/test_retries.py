@@ -105,3 +105,13 @@ def test_a_bad_budget_is_one_config_error_line(budget):
                      r"number in \(0, 86400\]: the seconds one remote read or write may spend "
                      r"retrying\.$"):
     config_checks.validate_run_config(ml_collections.ConfigDict(config))
+
+
+def test_the_store_counts_as_back_after_one_success():
+  down, _ = _failing(10**6, HttpError({"code": 503, "message": "down"}))
+  with pytest.raises(retries.StoreUnavailableError):
+    retries.call("write", "gs://bucket/run/lock.heartbeat", down)   # e.g. the heartbeat
+  assert retries.call("read", "gs://bucket/run/config.json", lambda: "ok") == "ok"
+  flaky, calls = _failing(1, HttpError({"code": 503, "message": "blip"}))
+  assert retries.call("write", "gs://bucket/run/metrics.jsonl", flaky) == "done"
+  assert len(calls) == 2                                            # retried again
