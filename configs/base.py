@@ -190,6 +190,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                      # "Compilation cache"); None:
                                      # $XDG_CACHE_HOME/simplified_flax/jax (else
                                      # ~/.cache/...); "off": no cache; the same-named flag wins
+  c.storage_retry_budget_s = 120.0   # seconds one remote (gs://) read or write may spend
+                                     # retrying HTTP 429/5xx, timeouts and resets before the
+                                     # run stops with one line (docs/reliability.md)
   c.model = model_config()
   c.optimizer = optimizer_config()
   c.data = data_config()

@@ -12,6 +12,11 @@ batch). Beside these it puts what training consumes at the paper's shape: the Pr
 experiments/results/cpu/throughput (this CPU) and the H200 figure the target is set from.
 The target: the pipeline delivers at least 10x what one accelerator consumes.
 
+It also prices the data checks (docs/reliability.md; experiments/data_checks_cost.py): the
+token-id check per batch (decoder, T=128, windows, with it and without it, alternated in one
+process) and the shard checksums once per process, as a share of one epoch's pipeline time
+(target: <= 5%). `--verification_only` measures just that (and the preparation it needs).
+
 With --compare_grain (needs `pip install grain`), each setting is also drawn through grain,
 in the same process, right after the hand-written iterator: "grain rows" lets grain shuffle,
 batch and prefetch the row ids (`MapDataset.range(R).shuffle(seed).repeat().batch(B)`, rows
@@ -19,8 +24,10 @@ gathered by this package), "grain batches" lets grain only iterate and prefetch 
 package's batches (`MapDataset.range(...).map(train_batch)`).
 """
 import argparse
+import datetime
 import importlib.util
 import json
+import platform
 import os
 import sys
 import tempfile
@@ -33,6 +40,7 @@ sys.path.insert(0, REPO)
 import configs  # pylint: disable=g-import-not-at-top
 from simplified_flax import prepare  # pylint: disable=g-import-not-at-top
 from simplified_flax.data import build_pipeline  # pylint: disable=g-import-not-at-top
+from experiments import data_checks_cost  # pylint: disable=g-import-not-at-top
 
 TOKENS_PER_BATCH = 128 * 128
 TARGET_RATIO = 10
@@ -127,6 +135,8 @@ def main() -> None:
   parser.add_argument("--batches", type=int, default=300, help="batches timed per setting")
   parser.add_argument("--cache_dir", default=None, help="shard root (default: a temp dir)")
   parser.add_argument("--output", default=None, help="write results.json and report.md here")
+  parser.add_argument("--verification_only", action="store_true",
+                      help="only measure what the shard checksum and id checks cost")
   parser.add_argument("--compare_grain", action="store_true",
                       help="also draw every setting through grain (pip install grain)")
   args = parser.parse_args()
@@ -138,6 +148,23 @@ def main() -> None:
   prepare.prepare(_config(cache_dir, 128, False, "decoder"), workers=os.cpu_count() or 1,
                       workdir=None)
   prepare_s = time.perf_counter() - start
+  verification = data_checks_cost.verification_cost(_config(cache_dir, 128, False, "decoder"),
+                                                    args.batches)
+  print(f"data checks: {verification['with_checks_tokens_per_s']:,.0f} tokens/s with, "
+        f"{verification['without_checks_tokens_per_s']:,.0f} without; checksums "
+        f"{verification['checksum_s']:.2f} s once; over one epoch "
+        f"{100 * verification['epoch_cost']:.1f}% (target <= "
+        f"{100 * data_checks_cost.MAX_COST:.0f}%)",
+        flush=True)
+  machine = {"command": "python experiments/benchmark_data.py " + " ".join(sys.argv[1:]),
+             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+             "host_cpus": os.cpu_count()}
+  if args.verification_only:
+    results = {**machine, "load_average_1m": os.getloadavg()[0], "prepare_s": prepare_s,
+               "verification": verification}
+    _write(args.output, results, data_checks_cost.report(results))
+    return
   rows, grain_rows = [], []
   for kind, seq_len, packing in [("decoder", 128, False), ("decoder", 128, True),
                                  ("decoder", 1024, False), ("decoder", 1024, True),
@@ -156,9 +183,8 @@ def main() -> None:
   resume_s = resume_seconds(_config(cache_dir, 128, False, "decoder"), 10**7)
   consumers = training_consumption()
   slowest = min(r["tokens_per_s"] for r in rows)
-  results = {"command": "python experiments/benchmark_data.py " + " ".join(sys.argv[1:]),
-             "host_cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0],
-             "prepare_s": prepare_s, "resume_at_batch_1e7_s":
+  results = {**machine, "load_average_1m": os.getloadavg()[0],
+             "prepare_s": prepare_s, "verification": verification, "resume_at_batch_1e7_s":
              resume_s, "pipeline": rows, "consumers_tokens_per_s": consumers,
              "slowest_pipeline_over_consumer": {k: slowest / v for k, v in consumers.items()}}
   if grain_rows:
@@ -169,41 +195,17 @@ def main() -> None:
     ratio = slowest / value
     print(f"slowest pipeline setting / {name} ({value:,.0f} tokens/s) = {ratio:,.1f}x "
           f"(target >= {TARGET_RATIO}x: {'met' if ratio >= TARGET_RATIO else 'MISSED'})")
-  if args.output:
-    os.makedirs(args.output, exist_ok=True)
-    with open(os.path.join(args.output, "results.json"), "w", encoding="utf-8") as f:
+  _write(args.output, results, _report(results) + "\n" + data_checks_cost.lines(results))
+
+
+def _write(output: str | None, results: dict, report: str) -> None:
+  if output:
+    os.makedirs(output, exist_ok=True)
+    with open(os.path.join(output, "results.json"), "w", encoding="utf-8") as f:
       json.dump(results, f, indent=2)
-    with open(os.path.join(args.output, "report.md"), "w", encoding="utf-8") as f:
-      f.write(_report(results))
-    print(f"Wrote {args.output}/results.json and report.md")
-
-
-def _report(results: dict) -> str:
-  lines = ["# Input pipeline throughput (pipeline alone, one host)", "",
-           f"    {results['command']}", "",
-           f"Host: {results['host_cpus']} CPU cores, shared (load average "
-           f"{results['load_average_1m']:.1f} when done). Corpus: the interpreter's stdlib "
-           "(30M bytes), byte tokenizer, prepared once into 17 shards in "
-           f"{results['prepare_s']:.1f} s. 16,384 tokens per batch.", "",
-           "| model | T | packing | batch | tokens/s |", "|---|---|---|---|---|"]
-  lines += [f"| {r['kind']} | {r['T']} | {r['packing']} | {r['batch']} | "
-            f"{r['tokens_per_s']:,.0f} |" for r in results["pipeline"]]
-  lines += ["", f"Resume deep in a run (build, set_state at batch 10^7, next batch): "
-            f"{results['resume_at_batch_1e7_s']:.2f} s.", "",
-            "| training step at the paper's shape | tokens/s | slowest pipeline setting / it |",
-            "|---|---|---|"]
-  lines += [f"| {k} | {v:,.0f} | {results['slowest_pipeline_over_consumer'][k]:,.1f}x |"
-            for k, v in results["consumers_tokens_per_s"].items()]
-  if "grain" in results:
-    lines += ["", f"grain {results['grain'][0]['grain_version']} against the hand-written "
-              "iterator (same pipeline, one after the other; tokens/s, ratio to hand-written):",
-              "", "| model | T | packing | hand-written | grain rows | grain batches |",
-              "|---|---|---|---|---|---|"]
-    lines += [f"| {r['kind']} | {r['T']} | {r['packing']} | {r['hand_written']:,.0f} | "
-              f"{r['grain_rows']:,.0f} ({r['grain_rows_ratio']:.2f}x) | "
-              f"{r['grain_batches']:,.0f} ({r['grain_batches_ratio']:.2f}x) |"
-              for r in results["grain"]]
-  return "\n".join(lines) + "\n"
+    with open(os.path.join(output, "report.md"), "w", encoding="utf-8") as f:
+      f.write(report)
+    print(f"Wrote {output}/results.json and report.md")
 
 
 if __name__ == "__main__":

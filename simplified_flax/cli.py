@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import traceback
+import warnings
 from typing import Callable, Sequence
 
 from absl import app
@@ -105,20 +106,29 @@ def run(main: Callable[[list[str]], None], program: str) -> None:
       raise   # a bug: keep the traceback
     if verbose:
       traceback.print_exc()
+    # Coroutines of a failed background save (Orbax), never awaited: a warning each at exit.
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited")
     if lost is not None:
       distributed_failure.stop(lost, program)   # one line, status 1
     print(f"{program}: error: {one_line(error)}"
           + ("" if verbose else " (--verbose shows the traceback)"), file=sys.stderr, flush=True)
-    if is_disk_full(error) and not verbose:
-      # Orbax's background writes are still failing on the full disk: an interpreter shutdown
-      # would print their reports after the line above. The step being written is discarded
-      # anyway, and the lock is released here as a normal exit would.
+    if _store_down(error) or (is_disk_full(error) and not verbose):
+      # Orbax's background saves are still failing (a full disk) or waiting on the dead store
+      # (minutes, in threads that are not daemons): an interpreter shutdown would wait for them
+      # or print their reports after the line above. What completed is durable already and
+      # the step being written is discarded anyway, so leave now, releasing the lock as a
+      # normal exit would.
       lock = sys.modules.get("simplified_flax.runs.workdir_lock")
       if lock is not None:
         lock.release_held()
       sys.stdout.flush()
       os._exit(status)   # pylint: disable=protected-access
     sys.exit(status)
+
+
+def _store_down(error: BaseException) -> bool:
+  from simplified_flax.retries import StoreUnavailableError  # pylint: disable=import-outside-toplevel
+  return any(isinstance(e, StoreUnavailableError) for e in error_chain(error))
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -190,6 +200,7 @@ def _user_error_types():
   from simplified_flax.aot import targets
   from simplified_flax.authors import ConversionError
   from simplified_flax.data.errors import DataError
+  from simplified_flax.retries import StoreUnavailableError
   from simplified_flax.runs import checkpoints
   from simplified_flax.runs import nonfinite
   from simplified_flax.runs import workdir_lock
@@ -199,7 +210,8 @@ def _user_error_types():
   other = (DataError, targets.DoesNotFitError, ConversionError,
            checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
            checkpoints.WorkdirError, workdir_lock.WorkdirLockedError,
-           nonfinite.NonFiniteLossError, distributed_failure.PeerLostError)
+           nonfinite.NonFiniteLossError, distributed_failure.PeerLostError,
+           StoreUnavailableError)
   return usage, other
 
 

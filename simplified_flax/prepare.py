@@ -14,6 +14,7 @@ import os
 from absl import flags
 
 from simplified_flax import cli
+from simplified_flax import retries
 from simplified_flax.data import corpus
 from simplified_flax.data import pipeline
 from simplified_flax.data import preparation
@@ -27,6 +28,7 @@ def prepare(config, *, workers: int, workdir: str | None,
   """Prepares both splits of `config.data` (or, with `repair_shard`, rebuilds only that shard
   file's shard of the split it belongs to); returns {split: shard directory}."""
   config_checks.validate_run_config(config)
+  retries.configure_from(config, workdir, pipeline.shard_root(config.data))
   data = config.data
   source = corpus.open_corpus(data)
   tokenizer = tokenizers.build_tokenizer(data, workdir,

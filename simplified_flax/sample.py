@@ -16,6 +16,7 @@ from absl import logging
 import jax
 
 from simplified_flax import cli
+from simplified_flax import retries
 from simplified_flax.model import decode
 from simplified_flax.model.transformer import build_model
 from simplified_flax.runs import compilation_cache
@@ -44,6 +45,7 @@ def main(argv) -> None:
     raise app.UsageError(f"{f.workdir} holds a {config.model.kind}; sampling needs a decoder.")
   config.model.attention_impl = f.attention_impl or config.model.attention_impl
   config_checks.validate_run_config(config)
+  retries.configure_from(config, f.workdir)
   restored = restore_read_only(f.workdir, config, step=f.step)
   variables = {"params": restored.state.params, **restored.state.constants}
   model = build_model(config.model, dtype=f.dtype)

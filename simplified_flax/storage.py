@@ -1,25 +1,49 @@
 """Files written through `etils.epath`, the same way locally and in an object store (gs://,
-s3://): a file is replaced whole, never seen half-written, and a folder moves whole."""
+s3://): a file is replaced whole, never seen half-written, and a folder moves whole. Every
+remote read and write here is retried on transient errors (`retries.call`, its budget)."""
 import json
 import os
 from typing import BinaryIO, Callable
 
 from etils import epath
 
-
-def is_remote(path) -> bool:
-  """True for a URI path (gs://, s3://, ...), which lives in an object store."""
-  return "://" in os.fspath(path)
+from simplified_flax import retries
+from simplified_flax.retries import is_remote  # pylint: disable=unused-import  (re-exported)
 
 
 def write_atomically(path, write: Callable[[BinaryIO], object]) -> None:
   """Calls `write` on a temporary sibling of `path`, then renames it over `path`: a reader, or
-  a run killed meanwhile, sees the old file or the new one, never half of one."""
+  a run killed meanwhile, sees the old file or the new one, never half of one. Remote: the
+  whole write and rename is retried (`write` must be repeatable)."""
   path = epath.Path(path)
   tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
-  with tmp.open("wb") as f:
-    write(f)
-  tmp.replace(path)
+  def attempt():
+    with tmp.open("wb") as f:
+      write(f)
+    tmp.replace(path)
+  retries.call("write", path, attempt)
+
+
+def read_bytes(path) -> bytes:
+  """The file's bytes (remote: retried on transient errors)."""
+  path = epath.Path(path)
+  return retries.call("read", path, path.read_bytes)
+
+
+def read_text(path) -> str:
+  path = epath.Path(path)
+  return retries.call("read", path, path.read_text)
+
+
+def exists(path) -> bool:
+  path = epath.Path(path)
+  return retries.call("look up", path, path.exists)
+
+
+def unlink(path) -> None:
+  """Removes the file if it is there."""
+  path = epath.Path(path)
+  retries.call("delete", path, lambda: path.unlink(missing_ok=True))
 
 
 def read_json_object(path, error: Callable[[str], Exception], fix: str) -> dict:
@@ -27,7 +51,7 @@ def read_json_object(path, error: Callable[[str], Exception], fix: str) -> dict:
   garbage) or not an object raises `error("<path> is damaged (<why>). <fix>")`: one line."""
   path = epath.Path(path)
   try:
-    value = json.loads(path.read_text())
+    value = json.loads(read_text(path))
     why = None if isinstance(value, dict) else f"a JSON {type(value).__name__}, not an object"
   except json.JSONDecodeError as e:
     why = "empty" if not e.doc.strip() else f"not JSON: {e.msg} at line {e.lineno}"
@@ -46,11 +70,10 @@ def move_folder(source, dest) -> None:
   if not is_remote(source):
     source.rename(dest)
     return
-  for file in _files_under(source):
+  for file in retries.call("list", source, lambda: list(_files_under(source))):
     target = dest / file.relative_to(source)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    file.copy(target)
-  source.rmtree()
+    retries.call("copy", file, lambda file=file, target=target: file.copy(target, overwrite=True))
+  retries.call("delete", source, source.rmtree)
 
 
 def _files_under(folder: epath.Path):

@@ -141,7 +141,7 @@ def _saved_steps(tmp_path, steps=(1, 2)):
   for step in steps:
     checkpoints.save(manager, step, state, {"batches_drawn": step, "data": {"seed": 0}},
                      {}, {})
-  manager.wait_until_finished()
+  checkpoints.finish(manager)   # as the loop does: the save, then each step's file digest
   manager.close()
   return workdir, state
 
@@ -159,7 +159,8 @@ def test_a_changed_data_state_sets_the_step_aside_unless_it_predates_the_digest(
   workdir, state = _saved_steps(tmp_path)
   step_dir = tmp_path / "w" / checkpoints.CHECKPOINT_DIR / "2"
   _rewrite(step_dir / "data" / "metadata", lambda d: dict(d, batches_drawn=99))
-  if old_checkpoint:
+  if old_checkpoint:   # saved before either digest existed
+    (step_dir / "digest.json").unlink()
     _rewrite(step_dir / "meta" / "metadata",
              lambda m: {k: v for k, v in m.items() if k != "data_digest"})
   manager = checkpoints.make_manager(workdir, max_to_keep=5, save_interval_steps=1)
@@ -175,3 +176,35 @@ def test_the_data_digest_survives_the_json_round_trip():
   assert checkpoints.data_digest({"a": np.int64(3), "b": (1, 2)}) == checkpoints.data_digest(
       json.loads(json.dumps({"b": [1, 2], "a": 3})))
   assert checkpoints.data_digest(None) == checkpoints.data_digest({})
+
+
+def test_one_changed_byte_in_an_array_file_sets_the_step_aside_before_training(tmp_path,
+                                                                                 caplog):
+  """The step's file digest (written last) catches a byte that changed after the save, before
+  Orbax decodes anything: the step is set aside with one line, the previous one restored."""
+  workdir, state = _saved_steps(tmp_path)
+  step_dir = tmp_path / "w" / checkpoints.CHECKPOINT_DIR / "2"
+  data_files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+  victim = max(data_files, key=lambda p: p.stat().st_size)
+  raw = bytearray(victim.read_bytes())
+  raw[len(raw) // 2] ^= 0x01
+  victim.write_bytes(bytes(raw))
+  caplog.set_level("ERROR")
+  manager = checkpoints.make_manager(workdir, max_to_keep=5, save_interval_steps=1)
+  restored = checkpoints.restore_latest(manager, jax.eval_shape(lambda: state), {}, workdir)
+  manager.close()
+  assert restored.step == 1
+  np.testing.assert_array_equal(np.asarray(restored.state["w"]), np.asarray(state["w"]))
+  reports = [r.getMessage() for r in caplog.records if "truncated or corrupt" in r.getMessage()]
+  assert len(reports) == 1 and "/2 " in reports[0] and victim.name in reports[0], reports
+  assert len(list((tmp_path / "w" / checkpoints.CORRUPT_DIR).glob("2-*"))) == 1
+
+
+def test_a_digest_left_half_written_by_a_kill_does_not_condemn_the_step(tmp_path):
+  workdir, state = _saved_steps(tmp_path, steps=(1,))
+  step_dir = tmp_path / "w" / checkpoints.CHECKPOINT_DIR / "1"
+  (step_dir / "digest.json.tmp-123").write_text('{"fi')     # killed while writing a digest
+  manager = checkpoints.make_manager(workdir, max_to_keep=5, save_interval_steps=1)
+  restored = checkpoints.restore_latest(manager, jax.eval_shape(lambda: state), {}, workdir)
+  manager.close()
+  assert restored.step == 1

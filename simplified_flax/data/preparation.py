@@ -35,6 +35,8 @@ from simplified_flax.data import shard_checks
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.sequences import TokenizedSplit, join_documents
 from simplified_flax.data.tokenizers import Tokenizer
+from simplified_flax import retries
+from simplified_flax import storage
 from simplified_flax.storage import is_remote, write_atomically
 
 FORMAT = 1
@@ -69,7 +71,7 @@ def _load(path: epath.Path, mmap: bool = False, crc32: int | None = None) -> np.
     if crc32 is not None:
       shard_checks.verify_checksum(path, shard_checks.crc32_of_file(path), crc32)
     return np.load(os.fspath(path), mmap_mode="r")
-  data = path.read_bytes()
+  data = storage.read_bytes(path)
   if crc32 is not None:
     shard_checks.verify_checksum(path, shard_checks.crc32_of_bytes(data), crc32)
   return np.load(io.BytesIO(data))
@@ -130,13 +132,13 @@ class PreparedSplit:
     """The prepared split at `address`, or None when it is not (completely) prepared."""
     directory = address.directory(root)
     manifest_path = directory / MANIFEST
-    if not manifest_path.exists():
+    if not storage.exists(manifest_path):
       return None
     def corrupt(reason):
       return DataError(f"The shard manifest '{manifest_path}' is corrupt ({reason}). Delete "
                        f"'{directory}' and prepare the split again.")
     try:
-      manifest = json.loads(manifest_path.read_text())
+      manifest = json.loads(storage.read_text(manifest_path))
     except json.JSONDecodeError as e:
       raise corrupt(e.msg) from None
     except UnicodeDecodeError:
@@ -234,7 +236,7 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
                     f"  {shard_checks.prepare_command()}")
   logging.info("Preparing %s/%s in %s (once).", corpus.identity, split, root)
   done, crc32 = 0, {}
-  while _shard_paths(directory, done)[1].exists():  # finished shards: resume after them
+  while storage.exists(_shard_paths(directory, done)[1]):  # finished shards: resume after them
     done += 1
   progress = _Progress(f"{corpus.identity} {split}", corpus.num_documents(split),
                        done * shard_docs)
@@ -247,7 +249,9 @@ def prepare_split(corpus, split: str, tokenizer: Tokenizer, root: str, *, shard_
       done = index + 1
   else:
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(   # workers retry as this process does
+        workers, mp_context=context, initializer=retries.configure,
+        initargs=(retries.budget_s(), is_remote(root))) as pool:
       pending = []  # (index, size, future), at most workers + 1 in flight: bounded memory
       for index, chunk in itertools.chain(chunks, [(None, None)]):
         if index is not None:

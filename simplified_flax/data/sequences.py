@@ -93,7 +93,8 @@ class ShardedRows:
   def _window_starts(self, shard: int) -> np.ndarray:
     return window_starts(self._prepared.shard(shard), self.seq_len)
 
-  def _shard_rows(self, shard: int, ids_b: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+  def _shard_rows(self, shard: int, ids_b: np.ndarray,
+                  check: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
     split = self._prepared.shard(shard)
     if self.packing:
       tokens, segments = gather_packed_rows(split, ids_b, self.seq_len, self._pad_id)
@@ -101,7 +102,7 @@ class ShardedRows:
     else:
       starts_b = self._window_starts(shard)[ids_b]
       tokens, segments = gather_windows(split.tokens_N, starts_b, self.seq_len), None
-    if self._vocab_size is not None:
+    if check:
       shard_checks.check_token_ids(tokens, self._vocab_size, self._where(shard),
                                    offsets=lambda row, column: int(starts_b[row]) + column)
     return tokens, segments
@@ -122,4 +123,11 @@ class ShardedRows:
       tokens_BxT[here] = tokens
       if segments_BxT is not None:
         segments_BxT[here] = segments
+    # One check for the whole batch; only a bad one is gone through shard by shard, to name
+    # the shard file and the position of the first bad id.
+    if self._vocab_size is not None and not shard_checks.ids_in_range(tokens_BxT,
+                                                                      self._vocab_size):
+      for shard in np.unique(shard_B):
+        self._shard_rows(int(shard), ids_B[shard_B == shard] - self._first_row_S1[shard],
+                         check=True)
     return tokens_BxT, segments_BxT

@@ -18,6 +18,7 @@ from etils import epath  # the workdir may be a gs:// bucket on TPU hosts
 
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.hf_tokenizer import HfTokenizer, build_bpe, load_hf_tokenizer
+from simplified_flax import storage
 from simplified_flax.storage import write_atomically
 
 PAD_ID, EOD_ID, MASK_ID = 0, 1, 2
@@ -80,7 +81,7 @@ class SentencePieceTokenizer:
   @classmethod
   def load(cls, path) -> "SentencePieceTokenizer":
     try:
-      return cls(epath.Path(path).read_bytes(), os.fspath(path))
+      return cls(storage.read_bytes(path), os.fspath(path))
     except OSError as e:
       reason = getattr(e, "strerror", None) or e
       raise DataError(f"The SentencePiece model '{path}' cannot be read ({reason}). Check "

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 import zlib
 from typing import Any
 
@@ -23,7 +24,9 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from simplified_flax import config_files
+from simplified_flax import retries
 from simplified_flax import storage
+from simplified_flax.runs import checkpoint_digest
 from simplified_flax.model.parameters import parameter_shapes
 
 ITEMS = ("state", "data", "config", "meta")
@@ -129,9 +132,31 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_state, config_di
   data state's digest, checked on restore."""
   meta = dict(meta, step=int(step), fingerprint=int(jax.device_get(fingerprint(state))),
               data_digest=data_digest(data_state))
-  return manager.save(step, force=True, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
-      config=ocp.args.JsonSave(config_dict), meta=ocp.args.JsonSave(meta)))
+  finish(manager)   # the previous save (Orbax waits for it anyway), then its file digest
+  with retries.gave_up("saving checkpoints under", manager.directory):   # Orbax's layers
+    saved = manager.save(step, force=True, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
+        config=ocp.args.JsonSave(config_dict), meta=ocp.args.JsonSave(meta)))
+  if saved:
+    _undigested.setdefault(manager, []).append(int(step))
+  return saved
+
+
+# Steps saved (asynchronously) whose digest.json is not written yet, per manager.
+_undigested: "weakref.WeakKeyDictionary[ocp.CheckpointManager, list[int]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def finish(manager: ocp.CheckpointManager) -> None:
+  """Waits for the save in flight, then (process 0) writes the file digest of every step
+  saved since, last. An object store that failed the save for the whole retry budget
+  (tensorstore's, inside Orbax) is one StoreUnavailableError line."""
+  with retries.gave_up("saving checkpoints under", manager.directory):
+    manager.wait_until_finished()
+    for step in _undigested.pop(manager, []):
+      step_dir = epath.Path(manager.directory) / str(step)
+      if jax.process_index() == 0 and storage.exists(step_dir):   # not already cleaned up
+        checkpoint_digest.write(step_dir)
 
 
 def flatten_config(d: dict) -> dict[str, Any]:
@@ -204,9 +229,17 @@ def restore_latest(manager: ocp.CheckpointManager, target_state, new_config: dic
 def _try_restore(manager, step, target_state, new_config):
   """(None, Restored) for a good step, else (why it is bad, None)."""
   try:
+    why = checkpoint_digest.mismatch(epath.Path(manager.directory) / str(step))
+  except Exception as e:  # pylint: disable=broad-except
+    _raise_if_store_down(e, manager, step)
+    raise
+  if why is not None:
+    return why, None
+  try:
     head = manager.restore(step, args=ocp.args.Composite(
         config=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
   except Exception as e:  # pylint: disable=broad-except
+    _raise_if_store_down(e, manager, step)
     return f"its config/meta cannot be read ({e!r:.300})", None
   check_compatible(head["config"], new_config, f"{manager.directory}/{step}")
   try:
@@ -214,6 +247,7 @@ def _try_restore(manager, step, target_state, new_config):
         state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
     got = int(jax.device_get(fingerprint(body["state"])))
   except Exception as e:  # pylint: disable=broad-except
+    _raise_if_store_down(e, manager, step)
     return f"its state cannot be read ({e!r:.300})", None
   if got != head["meta"]["fingerprint"]:
     return (f"its state fingerprint {got} does not match the saved "
@@ -223,6 +257,14 @@ def _try_restore(manager, step, target_state, new_config):
     return (f"its data state digest {data_digest(body['data'])} does not match the saved "
             f"{saved_digest}"), None
   return None, Restored(step, body["state"], body["data"], head["meta"], head["config"])
+
+
+def _raise_if_store_down(error: Exception, manager, step: int) -> None:
+  """A step the store would not serve is not corrupt: StoreUnavailableError, nothing moved."""
+  status = retries.transient_status(error)
+  if status is not None and storage.is_remote(manager.directory):
+    raise retries.unavailable("restoring checkpoint", epath.Path(manager.directory) / str(step),
+                              status, retries.budget_s()) from error
 
 
 def set_aside(manager: ocp.CheckpointManager, destinations: dict[int, epath.Path],

@@ -143,6 +143,10 @@ def _training_rules(config) -> None:
   _int_at_least(config, "restore_step", 0, " (0: start over; else a kept checkpoint step)",
                 unset="the latest good checkpoint")
   _int_at_least(config, "diagnostics_every", 0, " (0: never)")
+  budget = config.get("storage_retry_budget_s", 120.0)   # absent in configs saved before it
+  require(isinstance(budget, numbers.Real) and not isinstance(budget, bool)
+          and 0 < budget <= 86_400, f"storage_retry_budget_s={budget!r} must be a number in "
+          "(0, 86400]: the seconds one remote read or write may spend retrying.")
   _int_at_least(config, "seed", 0)
 
 

@@ -18,6 +18,8 @@ from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 
 from simplified_flax.runs.checkpoints import flatten_config
+from simplified_flax import retries
+from simplified_flax import storage
 from simplified_flax.storage import is_remote, write_atomically
 
 METRICS_FILE = "metrics.jsonl"
@@ -42,8 +44,8 @@ class _ObjectStoreFile:
   def __init__(self, path: str):
     self._path, self._buffer = epath.Path(path), io.BytesIO()
     self.write = self._buffer.write
-    if self._path.exists():
-      self.write(self._path.read_bytes())
+    if storage.exists(self._path):
+      self.write(storage.read_bytes(self._path))
 
   @classmethod
   def open(cls, path: str) -> "_ObjectStoreFile":   # tensorboardX's writer-factory interface
@@ -127,7 +129,7 @@ def read_history(path: str) -> list[dict]:
   from simplified_flax.runs.checkpoints import WorkdirError   # imports Orbax: only when read
   path = epath.Path(path)
   try:
-    lines = path.read_text().splitlines() if path.exists() else []
+    lines = storage.read_text(path).splitlines() if storage.exists(path) else []
   except UnicodeDecodeError:
     raise WorkdirError(f"{path} is damaged (not UTF-8 text). {_HISTORY_FIX}") from None
   rows = []
@@ -162,10 +164,14 @@ def cut_history(workdir: str, step: int, aside: epath.Path | None = None) -> Non
   later = [r for r in rows if r.get("step", 0) > step]
   if aside is not None and later:
     (aside / TENSORBOARD_DIR).mkdir(parents=True, exist_ok=True)
-    (aside / METRICS_FILE).write_text(_jsonl(later))
-    for events in (workdir / TENSORBOARD_DIR).glob("events.out.tfevents.*"):
-      events.copy(aside / TENSORBOARD_DIR / events.name)
-  if path.exists():
+    moved = _jsonl(later).encode()
+    write_atomically(aside / METRICS_FILE, lambda f: f.write(moved))
+    tensorboard = workdir / TENSORBOARD_DIR
+    for events in retries.call("list", tensorboard,
+                               lambda: list(tensorboard.glob("events.out.tfevents.*"))):
+      target = aside / TENSORBOARD_DIR / events.name
+      retries.call("copy", events, lambda e=events, t=target: e.copy(t, overwrite=True))
+  if storage.exists(path):
     text = _jsonl(r for r in rows if r.get("step", 0) <= step).encode()
     write_atomically(path, lambda f: f.write(text))
 

@@ -19,6 +19,8 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from simplified_flax import retries
+from simplified_flax import storage
 from simplified_flax.storage import is_remote, write_atomically
 
 LOCK_FILE = "lock.json"
@@ -45,7 +47,7 @@ class Holder:
 
 def _read_holder(path: epath.Path) -> Holder | None:
   try:
-    return Holder(**json.loads(path.read_text()))
+    return Holder(**json.loads(storage.read_text(path)))
   except FileNotFoundError:
     return None
   except (ValueError, TypeError):
@@ -62,7 +64,7 @@ def why_dead(workdir: epath.Path, holder: Holder, stale_after_s: float) -> str |
     except PermissionError:
       pass   # someone else's live process
   try:
-    last = float(json.loads((workdir / HEARTBEAT_FILE).read_text())["time"])
+    last = float(json.loads(storage.read_text(workdir / HEARTBEAT_FILE))["time"])
   except FileNotFoundError:
     last = holder.started
   except (ValueError, KeyError, TypeError):
@@ -83,10 +85,10 @@ def _create(path: epath.Path, text: str) -> bool:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
       f.write(text)
     return True
-  if not path.exists():
-    path.write_text(text)
+  if not storage.exists(path):
+    retries.call("write", path, lambda: path.write_text(text))
     time.sleep(1.0)          # let a racing writer's object land, then see who won
-  return path.exists() and path.read_text() == text
+  return storage.exists(path) and storage.read_text(path) == text
 
 
 _held: set["WorkdirLock"] = set()   # the locks this process holds now
@@ -130,8 +132,9 @@ class WorkdirLock:
         print(f"Warning: taking over {lock} from a dead run ({current.describe()}): {dead}.",
               flush=True)
         try:   # the renamed file proves that this process, not a racer, set it aside
-          lock.rename(self.workdir / f"{LOCK_FILE}.dead-{self.holder.token}")
-          (self.workdir / f"{LOCK_FILE}.dead-{self.holder.token}").unlink(missing_ok=True)
+          dead_copy = self.workdir / f"{LOCK_FILE}.dead-{self.holder.token}"
+          retries.call("rename", lock, lambda: lock.rename(dead_copy))
+          storage.unlink(dead_copy)
         except FileNotFoundError:
           pass
     raise WorkdirLockedError(f"Could not lock {self.workdir}: other runs keep starting on it.")
@@ -146,7 +149,7 @@ class WorkdirLock:
       try:
         self._beat()
         failing = False
-      except OSError as e:   # a storage hiccup must not kill the run; the next beat retries
+      except (OSError, retries.StoreUnavailableError) as e:   # the next beat tries again
         if not failing:      # once per outage: a full disk would repeat it every beat
           logging.warning("Could not update %s: %s", self.workdir / HEARTBEAT_FILE, e)
         failing = True
@@ -157,10 +160,13 @@ class WorkdirLock:
     self._stop.set()
     if self._thread.is_alive():
       self._thread.join()
-    current = _read_holder(self.workdir / LOCK_FILE)
-    if current is not None and current.token == self.holder.token:
-      (self.workdir / HEARTBEAT_FILE).unlink(missing_ok=True)
-      (self.workdir / LOCK_FILE).unlink(missing_ok=True)
+    try:
+      current = _read_holder(self.workdir / LOCK_FILE)
+      if current is not None and current.token == self.holder.token:
+        storage.unlink(self.workdir / HEARTBEAT_FILE)
+        storage.unlink(self.workdir / LOCK_FILE)
+    except (OSError, retries.StoreUnavailableError) as e:   # the next run takes it over
+      logging.warning("Could not release %s: %s", self.workdir / LOCK_FILE, e)
 
 
 @contextlib.contextmanager

@@ -9,8 +9,10 @@ import jax
 import ml_collections
 
 from simplified_flax.config_files import CONFIG_FILE
+from simplified_flax import retries
 from simplified_flax import storage
 from simplified_flax.data.errors import DataError
+from simplified_flax.data.pipeline import shard_root
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import config_checks
 from simplified_flax.training import losses
@@ -61,7 +63,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config a training run wrote to `<workdir>/config.json`; a missing or damaged
   one (not JSON, not an object) is a one-line WorkdirError, and nothing is written."""
   path = epath.Path(workdir) / CONFIG_FILE     # epath: the workdir may be gs://...
-  if not path.exists():
+  if not storage.exists(path):
     raise checkpoints.WorkdirError(f"{path} does not exist: is {workdir!r} the --workdir of a "
                                    f"training run?")
   saved = storage.read_json_object(path, checkpoints.WorkdirError, (
@@ -120,6 +122,7 @@ def evaluate(workdir: str, eval_steps: int | None = None, pipeline=None,
   quantizing = quantize.parse_scheme(quantize_scheme) != (False, False)   # fails before reading
   config = load_config(workdir)
   config_checks.validate_run_config(config, jax.device_count())
+  retries.configure_from(config, workdir, shard_root(config.data))
   pipeline = input_pipeline(config, workdir, pipeline)
   placement = Placement.from_config(config)
   abstract = jax.eval_shape(lambda: create_train_state(config, jax.random.PRNGKey(config.seed)))

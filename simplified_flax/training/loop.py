@@ -7,8 +7,10 @@ import json
 from etils import epath
 import jax
 
+from simplified_flax import retries
 from simplified_flax import storage
 from simplified_flax.config_files import CONFIG_FILE
+from simplified_flax.data.pipeline import shard_root
 from simplified_flax.data.prefetch import Prefetcher
 from simplified_flax.runs import checkpoints
 from simplified_flax.runs import config_checks
@@ -60,6 +62,7 @@ def train_and_evaluate(config, workdir: str, *, pipeline=None, model=None,
   workdir, NonFiniteLossError naming the step and how to rewind (`config.restore_step`).
   """
   config_checks.validate_run_config(config, jax.device_count())
+  retries.configure_from(config, workdir, shard_root(config.data))
   if pipeline is None:
     data_preflight.check_tfds_available(config.data)   # seconds, not tfds's minutes of retries
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)   # the lock file lives there
@@ -166,7 +169,7 @@ class _PendingMetrics:
     try:
       nonfinite.check_finite(zip([s for s, _ in self.steps], values))
     except NonFiniteLossError as error:
-      self._manager.wait_until_finished()   # the kept steps, once any save in flight is done
+      checkpoints.finish(self._manager)   # the kept steps, once any save in flight is done
       advice = nonfinite.resume_advice(self._workdir, self._manager.all_steps())
       raise NonFiniteLossError(f"{error} {advice}") from None
     for (s, _), v in zip(self.steps, values):
@@ -226,7 +229,7 @@ def _close(feeder, iterator, manager, writer, stop) -> None:
   feeder.close()
   if hasattr(iterator, "close"):   # the data pipeline's own prefetch thread, if any
     iterator.close()
-  manager.wait_until_finished()
+  checkpoints.finish(manager)
   manager.close()
   writer.close()
   stop.close()
