@@ -24,7 +24,8 @@ KERNEL_ENV = "SIMPLIFIED_FLAX_ATTENTION_KERNEL"
 SPLASH_BLOCK = 128       # the splash kernel's tile along Tq and Tk; T must be a multiple
 _CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
 # "auto" per backend where no rule of `resolve_impl` decides: the path measured fastest there
-# (CPU: experiments/paired_settings.py at the benchmark shape; README, "Choosing the path").
+# (CPU: experiments/paired_settings.py at the benchmark shape; docs/attention.md, "Measured on
+# the CPU").
 AUTO_IMPL = {"tpu": "fused", "cpu": "explicit"}
 
 
