@@ -96,6 +96,10 @@ def model_config() -> ml_collections.ConfigDict:
   # (and each chunk's) is rounded up to a multiple of vocab_pad_multiple (1: no padding).
   m.loss_vocab_chunk_size = 8192
   m.vocab_pad_multiple = 1
+  # The chunked loss's backward reads the logits its forward kept (in the compute dtype: the
+  # [tokens, V] logits at 2 bytes each in bfloat16); False recomputes them chunk by chunk,
+  # holding one chunk at a time, for one more head matmul. Same values and gradients.
+  m.loss_keep_logits = True
   return m
 
 
