@@ -45,7 +45,7 @@ def model_config() -> ml_collections.ConfigDict:
   m.lrelu_neg_slope = 0.0            # 0 makes leaky ReLU a ReLU (the paper's default)
   m.attention_impl = "auto"          # "auto" (the backend's fastest exact path), "explicit"
                                      # (T x T centering matrix) or "fused" (O(T x D) terms)
-  m.grad_rules = "auto"              # speed-only gradient rules: "auto" (CPU only), "on", "off"
+  m.grad_rules = "auto"              # speed-only gradient rules: auto (where each helps), on, off
   m.scan_layers = False              # one nn.scan over the layers that share their structure
   m.remat = False                    # recompute each block's activations in the backward pass
 
@@ -101,6 +101,10 @@ def model_config() -> ml_collections.ConfigDict:
   # padding).
   m.loss_vocab_chunk_size = 8192
   m.vocab_pad_multiple = 1
+  # The chunked loss's backward reads the logits its forward kept (in the compute dtype: the
+  # [tokens, V] logits at 2 bytes each in bfloat16); False recomputes them chunk by chunk,
+  # holding one chunk at a time, for one more head matmul. Same values and gradients.
+  m.loss_keep_logits = True
   return m
 
 

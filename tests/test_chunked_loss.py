@@ -124,3 +124,26 @@ def test_bad_head_settings_are_one_clear_error(field, value):
   with pytest.raises(config_checks.ConfigError, match=f"model.{field}=") as err:
     config_checks.validate_model_config(config.model)
   assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kept_and_recomputed_logits_give_the_same_loss_and_gradients(dtype):
+  """`model.loss_keep_logits` trades memory for a head matmul, never a value."""
+  N, D, V = 48, 32, 300
+  keys = jax.random.split(jax.random.PRNGKey(1), 3)
+  hidden_ND = jax.random.normal(keys[0], (N, D)).astype(dtype)
+  table_VD = 0.3 * jax.random.normal(keys[1], (V, D))
+  targets_N = jax.random.randint(keys[2], (N,), 0, V)
+  weights_N = jnp.linspace(0.0, 1.0, N)
+  results = []
+  for keep in (True, False):
+    head = chunked_loss.HeadSpec.layout(V, 128, 8, dtype, keep_logits=keep)
+    loss = lambda h, table: jnp.sum(
+        chunked_loss.cross_entropy_N(h, table, targets_N, head) * weights_N)
+    results.append(jax.jit(jax.value_and_grad(loss, (0, 1)))(hidden_ND, table_VD))
+  for kept, recomputed in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+    assert kept.dtype == recomputed.dtype
+    np.testing.assert_array_equal(kept, recomputed)
+  assert chunked_loss.HeadSpec.from_config(_config("preln", dtype).model, dtype).keep_logits
+  config = _config("preln", dtype, loss_keep_logits=False)
+  assert not chunked_loss.HeadSpec.from_config(config.model, dtype).keep_logits

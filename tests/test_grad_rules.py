@@ -11,6 +11,7 @@ import pytest
 from conftest import tiny_config
 from simplified_flax.model import attention
 from simplified_flax.model import grad_rules
+from simplified_flax.model import target_platform
 from simplified_flax.model import transformer
 from simplified_flax.runs import config_checks
 
@@ -70,3 +71,28 @@ def test_the_gain_rule_takes_any_number_of_terms():
       *args)
   for g_got, g_want in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g_got, g_want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_relu_rule_is_leaky_relu_bit_for_bit_with_derivative_1_at_0(dtype):
+  """As the authors' `torch.where(x >= 0, x, slope * x)`: at x = 0 the gradient passes."""
+  x = jnp.concatenate([jax.random.normal(jax.random.key(0), (64,)), jnp.array([0.0, -0.0])])
+  x, cotangent = x.astype(dtype), jnp.linspace(-2, 2, x.size).astype(dtype)
+  plain_y, plain_vjp = jax.vjp(lambda x: jax.nn.leaky_relu(x, 0.0), x)
+  with grad_rules.chosen("on"):
+    assert "custom_jvp_call" in str(jax.make_jaxpr(grad_rules.leaky_relu, static_argnums=1)(x, 0.0))
+    rule_y, rule_vjp = jax.vjp(lambda x: grad_rules.leaky_relu(x, 0.0), x)
+  np.testing.assert_array_equal(rule_y, plain_y)
+  np.testing.assert_array_equal(rule_vjp(cotangent)[0], plain_vjp(cotangent)[0])
+  np.testing.assert_array_equal(rule_vjp(cotangent)[0][-2:], cotangent[-2:])
+
+
+def test_auto_applies_each_rule_on_its_platform_and_a_nonzero_slope_keeps_leaky_relu():
+  with grad_rules.chosen("auto"):
+    for platform in ("cpu", "gpu", "tpu"):
+      with target_platform.compiling_for(platform):
+        assert grad_rules.enabled("relu") == (platform == "gpu")
+        assert grad_rules.enabled("dense") == grad_rules.enabled("gains") == (platform == "cpu")
+  with grad_rules.chosen("on"):
+    jaxpr = str(jax.make_jaxpr(lambda x: grad_rules.leaky_relu(x, 0.1))(jnp.ones(3)))
+  assert "custom_jvp_call" not in jaxpr

@@ -39,3 +39,17 @@ ENTRY %main (x: bf16[64,32], w: bf16[32,16]) -> bf16[64,16] {
   assert gemm.is_matmul
   assert gemm.flops == 2 * 64 * 16 * 32
   assert gemm.bytes == 2 * (64 * 32 + 32 * 16 + 64 * 16)
+
+
+def test_hlo_costs_count_an_in_place_update_as_its_slice():
+  """A scan's stacked output is a dynamic-update-slice into its buffer, per step: the step
+  reads and writes its slice, never the whole [steps, ...] buffer."""
+  def f(x_N):
+    return jax.lax.scan(lambda c, _: (jnp.sin(c), jnp.cos(c)), x_N, None, length=64)[1]
+
+  program = hlo_costs.parse(jax.jit(f).lower(jnp.ones(4096)).compile().as_text())
+  updates = [k for k in program.kernels.values()   # each step's write into the stacked output
+             if k.runs == 64 and hlo_costs.shape_elements(k.shape) == 64 * 4096]
+  assert updates
+  step_bytes, buffer_bytes = 4 * 4096, 4 * 64 * 4096
+  assert all(k.bytes <= 4 * step_bytes < buffer_bytes for k in updates)

@@ -21,6 +21,10 @@ Counting rules (XLA's own cost-analysis conventions, applied per instruction):
     only the first element is its result, for FLOPs and bytes alike; the workspace is scratch
     the library may leave untouched, and counting it as result elements would inflate a
     weight-gradient GEMM's FLOPs several times over.
+  * An in-place update (a `dynamic-update-slice`, or a fusion whose root is one, e.g. a scan
+    writing one step's slice of its stacked output) writes into its operand's buffer: it reads
+    and writes the slice it updates, not the whole buffer, so that buffer's bytes count
+    neither as read nor as written (XLA's own cost analysis counts it so).
   * runs: executions per call of the program: 1 in the entry computation, times the known
     trip count of each enclosing `while` loop (XLA's `known_trip_count`; 1 when unknown).
 """
@@ -55,6 +59,7 @@ class Instruction:
   attrs: str
   computation: str
   op_name: str = ""               # jax's name-scope path (metadata op_name)
+  parameter_number: int = -1      # a parameter's index, e.g. 1 for `parameter(1)`
   flops: float = 0.0
   bytes: float = 0.0
   runs: int = 1
@@ -118,8 +123,9 @@ def _parse_instruction(line: str, computation: str) -> Optional[Instruction]:
   operands = re.findall(r"%([^\s,()]+)", rest[opcode.end():close])
   attrs = rest[close:]
   op_name = re.search(r'op_name="([^"]*)"', attrs)
+  number = opcode.group(0) == "parameter" and re.match(r"\((\d+)\)", rest[opcode.end():])
   return Instruction(name, opcode.group(0), shape, operands, attrs, computation,
-                     op_name.group(1) if op_name else "")
+                     op_name.group(1) if op_name else "", int(number.group(1)) if number else -1)
 
 
 def _contracted(inst: Instruction, shapes: Dict[str, str]) -> int:
@@ -184,6 +190,7 @@ def parse(hlo_text: str) -> Program:
   """The kernels of an optimized HLO module with their FLOPs, bytes and runs per call."""
   module = re.search(r"HloModule\s+([^\s,]+)", hlo_text)
   computations: Dict[str, List[Instruction]] = {}
+  roots: Dict[str, str] = {}                   # computation -> its ROOT instruction's name
   entry, current = "", ""
   for line in hlo_text.splitlines():
     header = re.match(r"^(ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$", line)
@@ -195,6 +202,8 @@ def parse(hlo_text: str) -> Program:
     inst = _parse_instruction(line, current) if current else None
     if inst:
       computations[current].append(inst)
+      if line.lstrip().startswith("ROOT "):
+        roots[current] = inst.name
   instructions = {i.name: i for insts in computations.values() for i in insts}
   shapes = {name: i.shape for name, i in instructions.items()}
   called = {i.name: re.findall(r"(?:calls|body|condition|to_apply|branch_computations)="
@@ -208,9 +217,33 @@ def parse(hlo_text: str) -> Program:
     inst.flops = _flops(inst, shapes, computations, called)
     inst.bytes = shape_bytes(result_shape(inst)) + sum(shape_bytes(shapes.get(o, ""))
                                                for o in inst.operands)
+    inst.bytes -= _bytes_updated_in_place(inst, instructions, roots, called)
     inst.is_matmul = _has_matmul(inst, computations, called)
     kernels[name] = inst
   return Program(module.group(1) if module else "", instructions, kernels, called)
+
+
+def _bytes_updated_in_place(inst: Instruction, instructions, roots, called) -> float:
+  """Of `inst`'s operand and result bytes, those of the buffers it updates in place and does
+  not touch beyond the slice: the whole buffer (as an operand and as the result) less the
+  update (read and written)."""
+  shape = lambda name: instructions[name].shape if name in instructions else ""
+  if inst.opcode == "dynamic-update-slice" and len(inst.operands) > 1:
+    return 2 * (shape_bytes(shape(inst.operands[0])) - shape_bytes(shape(inst.operands[1])))
+  if inst.opcode != "fusion" or not called.get(inst.name):
+    return 0.0
+  root = instructions.get(roots.get(called[inst.name][0], ""))
+  outputs = ([instructions.get(o) for o in root.operands] if root and root.opcode == "tuple"
+             else [root])
+  saved = 0.0
+  for out in outputs:
+    if out is None or out.opcode != "dynamic-update-slice" or len(out.operands) < 2:
+      continue
+    buffer = instructions.get(out.operands[0])
+    if buffer is None or buffer.opcode != "parameter" or buffer.parameter_number < 0:
+      continue   # a buffer made inside the fusion is written whole
+    saved += 2 * (shape_bytes(buffer.shape) - shape_bytes(shape(out.operands[1])))
+  return saved
 
 
 def _runs_per_computation(entry, computations, called) -> Dict[str, int]:

@@ -152,7 +152,7 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
     terms.append((head_vector(skip_gain), eye_QK[..., None, :, :].astype(jnp.float32)))
   if centre_gain is not None:
     terms.append((head_vector(centre_gain), -centering_matrix_from_mask(mask)))
-  shape = _fast_shape_attention_matrix if grad_rules.enabled() else shape_attention_matrix
+  shape = _fast_shape_attention_matrix if grad_rules.enabled("gains") else shape_attention_matrix
   shaped_BHQK, probs_BHQK = shape(logits_BHQK, head_vector(resid_gain), terms)
   out_BQHd = jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v)
   return (out_BQHd, probs_BHQK) if return_probs else out_BQHd

@@ -1,13 +1,22 @@
 """Hand-written gradient rules that change speed, never values (`model.grad_rules`).
 
-Both give autodiff's gradients (to float32 round-off) in an order XLA:CPU lowers as matrix
-products, not strided loops: `dense`, the kernel gradient as `(dy^T x)^T` rather than `x^T dy`
-(a fifth of a Pre-LN step at D=768); `fast_gain_gradients`, each per-head gain's gradient as a
-row sum before the (B, Q) sum (a few percent of a SAS step).
+Each gives autodiff's gradients in an order or a form that a compiler lowers better:
+  dense  (CPU) the kernel gradient as `(dy^T x)^T` rather than `x^T dy`, a matrix product
+         on XLA:CPU, not a strided loop (a fifth of a Pre-LN step at D=768; float32
+         round-off);
+  gains  (CPU) each per-head gain's gradient of the shaped attention as a row sum before the
+         (B, Q) sum (a few percent of a SAS step; float32 round-off);
+  relu   (GPU) the zero-slope leaky ReLU as `max(x, 0)` with leaky_relu's own derivative
+         (bit for bit, 1 at x = 0, as the authors' `torch.where(x >= 0, x, 0 * x)`): XLA:GPU
+         fuses a `max` into the GEMM that reads the activation, but not leaky_relu's select,
+         which costs a read and a write of every [B, T, 4D] activation (-3.6 GB per step at
+         the paper's shape on an H200, read from the compiled program).
 
-The mode ("auto": on the CPU platform only, where they were measured to help; "on"; "off") is
-chosen once: `Transformer` traces its body inside `chosen(model.grad_rules)`, and `matmul` and
-the attention read it at trace time (so under jit, scan and remat alike).
+The mode is chosen once: "auto" applies each rule on the platform named above, where it was
+measured to help (the platform the step is compiled for); "on" applies all; "off" none
+(plain autodiff). `Transformer` traces its body inside `chosen(model.grad_rules)`, and
+`matmul`, the MLP and the attention read it at trace time (so under jit, scan and remat
+alike).
 """
 import contextlib
 import contextvars
@@ -19,6 +28,7 @@ import jax.numpy as jnp
 from simplified_flax.model import target_platform
 
 MODES = ("auto", "on", "off")
+AUTO_PLATFORM = {"dense": "cpu", "gains": "cpu", "relu": "gpu"}   # where "auto" applies each
 _MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
 
 
@@ -37,15 +47,35 @@ def chosen(mode: str):
     _MODE.reset(token)
 
 
-def enabled() -> bool:
-  """Whether the rules apply under the chosen mode on the platform the step is compiled for."""
+def enabled(rule: str = "dense") -> bool:
+  """Whether `rule` (a key of AUTO_PLATFORM) applies under the chosen mode on the platform the
+  step is compiled for."""
   mode = _MODE.get()
-  return mode == "on" or (mode == "auto" and target_platform.current() == "cpu")
+  return mode == "on" or (mode == "auto" and target_platform.current() == AUTO_PLATFORM[rule])
 
 
 def matmul(x_ND, kernel_DF):
   """`x @ kernel` over the last axis: `dense` when the rules apply, else `jnp.dot`."""
   return dense(x_ND, kernel_DF) if enabled() else jnp.dot(x_ND, kernel_DF)
+
+
+def leaky_relu(x, negative_slope: float) -> jax.Array:
+  """`jax.nn.leaky_relu(x, negative_slope)`; at slope 0 as `relu` when the rule applies."""
+  if negative_slope == 0 and enabled("relu"):
+    return relu(x)
+  return jax.nn.leaky_relu(x, negative_slope)
+
+
+@jax.custom_jvp
+def relu(x):
+  """`leaky_relu(x, 0)` computed as `max(x, 0)`, with leaky_relu's own derivative."""
+  return jnp.maximum(x, jnp.zeros((), x.dtype))
+
+
+@relu.defjvp
+def _relu_jvp(primals, tangents):
+  (x,), (dx,) = primals, tangents
+  return relu(x), jax.jvp(lambda x: jax.nn.leaky_relu(x, 0.0), (x,), (dx,))[1]
 
 
 def _present(tangent) -> bool:

@@ -130,5 +130,5 @@ class MLP(nn.Module):
       h_BTF = jax.nn.gelu(h_BTF, approximate=False)
     else:
       assert m.activation == "leaky_relu", m.activation
-      h_BTF = jax.nn.leaky_relu(h_BTF, m.lrelu_neg_slope)
+      h_BTF = grad_rules.leaky_relu(h_BTF, m.lrelu_neg_slope)   # fusable at slope 0
     return dense(D, self.dtype, "c_proj", kernel_init("normal", m.mlp_proj_init_std))(h_BTF)

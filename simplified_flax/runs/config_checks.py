@@ -89,6 +89,7 @@ def validate_model_config(m, require_vocab: bool = True) -> None:
   one_of(grad_rules.mode_of(m), grad_rules.MODES, "model.grad_rules")
   for name in ("scan_layers", "remat"):
     one_of(m.get(name, False), (False, True), f"model.{name}")
+  one_of(m.get("loss_keep_logits", True), (False, True), "model.loss_keep_logits")
   _in_range(m, "norm_eps", 0, low_open=True, prefix="model.")
   _in_range(m, "dropout_rate", 0, 1, high_open=True, prefix="model.")
   _model_structure_rules(m)
