@@ -98,6 +98,26 @@ def test_choices_follow_the_platform_compiled_for_not_the_host():
   assert grad_rules.enabled()
 
 
+def test_an_explicit_step_for_one_v5e_chip_compiles():
+  """libtpu 0.0.42.1 overflowed its compiler fibers' stacks (SIGSEGV) on this step until
+  targets.use_libtpu_fiber_stack gave them 16 MiB."""
+  _needs("tpu")
+  steps = programs.compile_for(_tiny(**{"model.attention_impl": "explicit"}),
+                               targets.parse("v5e-1"))
+  assert report.attention_kernel(steps.train.as_text()) == "xla"
+  assert targets.LIBTPU_FIBER_STACK_FLAG in os.environ["LIBTPU_INIT_ARGS"]
+
+
+def test_the_fiber_stack_flag_keeps_the_users_libtpu_flags():
+  environ = {"LIBTPU_INIT_ARGS": "--xla_tpu_foo=1"}
+  targets.use_libtpu_fiber_stack(environ)
+  assert environ["LIBTPU_INIT_ARGS"] == (f"--xla_tpu_foo=1 {targets.LIBTPU_FIBER_STACK_FLAG}="
+                                         f"{targets.LIBTPU_FIBER_STACK_BYTES}")
+  mine = {"LIBTPU_INIT_ARGS": f"{targets.LIBTPU_FIBER_STACK_FLAG}=1048576"}
+  targets.use_libtpu_fiber_stack(mine)
+  assert mine["LIBTPU_INIT_ARGS"] == f"{targets.LIBTPU_FIBER_STACK_FLAG}=1048576"
+
+
 @pytest.mark.parametrize("name, kwargs, devices, topology", [
     ("v5e-8", {}, 8, "v5e:2x4"), ("v5litepod-256", {}, 256, "v5e:16x16"),
     ("v4-8", {}, 4, "v4:2x2x1"), ("v5p-128", {}, 64, "v5p:4x4x4"),
