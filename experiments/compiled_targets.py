@@ -21,6 +21,7 @@ Figures are read from the compiled programs (aot/report.py): estimates, not timi
 """
 import argparse
 import concurrent.futures
+import datetime
 import json
 import os
 import shlex
@@ -57,12 +58,16 @@ def compile_row(variant: str, target: str, overrides: Dict[str, Any]) -> Dict[st
   row is its own process, as a user runs it (a compiler that crashes costs only its row)."""
   argv = command(variant, target, overrides)
   row = {"variant": variant, "target": target, "overrides": overrides,
-         "command": shlex.join(argv)}
+         "command": shlex.join(argv), "date": datetime.date.today().isoformat(),
+         "versions": report.versions()}   # a row that fails has them too
   print(row["command"], flush=True)
   proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True,
                         cwd=report_lib.REPO_ROOT, check=False)
   if proc.stdout.strip():
     row.update(json.loads(proc.stdout))
+    print(f"  {row['memory_per_device_bytes']['total'] / 2 ** 30:.2f} GiB per device, "
+          f"{row['xla_cost_analysis'].get('bytes accessed', 0) / 1e9:.2f} GB (cost_analysis), "
+          f"compiled in {row['compile_s']:.1f} s", flush=True)
   if proc.returncode:
     lines = proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"]
     row.update(fits=False, status=proc.returncode, error=lines[-1] if proc.returncode in (1, 2)

@@ -185,3 +185,20 @@ def test_the_compiled_targets_report_compares_variants_with_their_commands(tmp_p
   text = (tmp_path / "report.md").read_text()
   assert rows[1]["command"] in text and "x Pre-LN" in text
   assert (tmp_path / "roofline_vs_preln.png").stat().st_size > 0
+
+
+def test_the_report_reads_what_a_step_that_does_not_fit_needs():
+  from experiments import compiled_targets_report  # pylint: disable=import-outside-toplevel
+  error = ("simplified_flax.compile: error: The step does not fit on v5e-1: Ran out of memory "
+           "on HBM, the total memory required for HLO temporaries (27.59G) exceeds available "
+           "HBM (15.75G). Shrink it with parallel.fsdp, ...")
+  long = {"model.n_layer": 2, "model.context_length": 16384, "batch_size": 1}
+  rows = [{"variant": "sas_p", "target": "v5e-1", "command": "fused", "fits": True,
+           "overrides": dict(long, **{"model.attention_impl": "fused"}),
+           "memory_per_device_bytes": {"total": int(2.759 * 2 ** 30)}, "compile_s": 1.0},
+          {"variant": "sas_p", "target": "v5e-1", "command": "explicit", "fits": False,
+           "overrides": dict(long, **{"model.attention_impl": "explicit"}), "error": error}]
+  text = compiled_targets_report.markdown({"script": "s", "versions": {}, "shape": {},
+                                           "long_context": rows})
+  assert "| > 27.59 (temporaries) |" in text
+  assert "(fused <= 0.100x the explicit temporaries alone)" in text
