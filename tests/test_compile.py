@@ -79,8 +79,14 @@ def test_the_json_report_has_every_key_and_consistent_figures(tpu_steps, gpu_ste
     assert 0 < summary["mfu_bound"] < 1
   tpu = report.summarize(tpu_steps, tpu_steps.config)
   gpu = report.summarize(gpu_steps, gpu_steps.config)
-  # Same model and batch: a v5e chip holds a quarter of the rows, and of the FLOPs.
-  assert tpu["flops_per_device"] * 4 == pytest.approx(gpu["flops_per_device"], rel=0.1)
+  # Same model and batch: a v5e chip holds a quarter of the rows, and of the FLOPs, plus the
+  # TPU form's prefix-sum matmuls (attention.causal_prefix_sums: at most three passes of
+  # 2 B T c D per layer, forward and backward; 15% of this tiny model's FLOPs, 0.5% at D=768).
+  from simplified_flax.model import attention  # pylint: disable=import-outside-toplevel
+  prefix = 3 * 2 * TINY["batch_size"] * TINY["model.context_length"] * attention.PREFIX_CHUNK \
+      * TINY["model.n_embd"] * TINY["model.n_layer"]
+  assert 0.95 * gpu["flops_per_device"] <= tpu["flops_per_device"] * 4 \
+      <= 1.05 * (gpu["flops_per_device"] + prefix)
   # The float32 master weights: 4 bytes a parameter, replicated on each chip.
   assert tpu["memory_per_device_bytes"]["arguments"]["params"] == \
       gpu["memory_per_device_bytes"]["arguments"]["params"]
