@@ -21,6 +21,7 @@ Figures are read from the compiled programs (aot/report.py): estimates, not timi
 """
 import argparse
 import concurrent.futures
+import datetime
 import json
 import os
 import shlex
@@ -57,12 +58,16 @@ def compile_row(variant: str, target: str, overrides: Dict[str, Any]) -> Dict[st
   row is its own process, as a user runs it (a compiler that crashes costs only its row)."""
   argv = command(variant, target, overrides)
   row = {"variant": variant, "target": target, "overrides": overrides,
-         "command": shlex.join(argv)}
+         "command": shlex.join(argv), "date": datetime.date.today().isoformat(),
+         "versions": report.versions()}   # a row that fails has them too
   print(row["command"], flush=True)
   proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True,
                         cwd=report_lib.REPO_ROOT, check=False)
   if proc.stdout.strip():
     row.update(json.loads(proc.stdout))
+    print(f"  {row['memory_per_device_bytes']['total'] / 2 ** 30:.2f} GiB per device, "
+          f"{row['xla_cost_analysis'].get('bytes accessed', 0) / 1e9:.2f} GB (cost_analysis), "
+          f"compiled in {row['compile_s']:.1f} s", flush=True)
   if proc.returncode:
     lines = proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"]
     row.update(fits=False, status=proc.returncode, error=lines[-1] if proc.returncode in (1, 2)
@@ -77,11 +82,10 @@ def variant_rows(shape: Dict[str, Any], names: List[str], on: List[str]) -> List
 
 
 def long_context_rows(shape: Dict[str, Any], tiny: bool) -> List[tuple]:
-  # Tiny: 4 chips, as libtpu 0.0.42.1 crashes compiling a small explicit step for one chip.
-  long = dict(LONG, **({"model.context_length": 1024, "model.max_position_embeddings": 1024,
-                        "batch_size": 4} if tiny else {}))
+  long = dict(LONG, **({"model.context_length": 1024, "model.max_position_embeddings": 1024}
+                       if tiny else {}))
   return [("sas_p", target, dict(shape, **long, **{"model.attention_impl": impl}))
-          for target in ("v5e-4" if tiny else "v5e-1", "h200") for impl in ("fused", "explicit")]
+          for target in ("v5e-1", "h200") for impl in ("fused", "explicit")]
 
 
 def depth_rows(shape: Dict[str, Any], tiny: bool) -> List[tuple]:

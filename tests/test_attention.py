@@ -182,3 +182,30 @@ def test_explicit_gradients_equal_autodiff_of_the_formula_including_probs(name):
   want = jax.grad(reference_loss, argnums=(0, 1, 2, 3))(q, k, v, GAINS)
   for g_got, g_want in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g_got, g_want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_prefix_sums_by_chunk_matmuls_equal_the_cumulative_sum(dtype):
+  """The TPU form, over two chunks: the same sums (bfloat16 or float32 values, float32 sums:
+  exact for these integers)."""
+  v = jax.random.randint(jax.random.key(1), (1, 2 * attention.PREFIX_CHUNK, 2, 4), -8, 8)
+  v = v.astype(dtype)
+  by_chunks = lambda v: attention.causal_prefix_sums(v, by_chunks=True)
+  assert "dot_general" in str(jax.make_jaxpr(by_chunks)(v))
+  np.testing.assert_array_equal(by_chunks(v), jnp.cumsum(v.astype(jnp.float32), axis=1))
+
+
+def test_the_tpu_form_of_the_fused_path_equals_the_explicit_one(monkeypatch):
+  """Chunk-matmul prefix sums and a held combine (TPU_LAYOUT_PLATFORMS), here on the CPU over
+  two chunks: outputs and gradients as the explicit path's."""
+  monkeypatch.setattr(attention, "TPU_LAYOUT_PLATFORMS", ("cpu", "tpu"))
+  T2 = 2 * attention.PREFIX_CHUNK
+  kq, kk, kv = jax.random.split(jax.random.key(2), 3)
+  q, k, v = (jax.random.normal(key, (1, T2, 2, 4)) for key in (kq, kk, kv))
+  gains = {name: g[:2] for name, g in GAINS.items()}
+  loss = lambda impl: jax.jit(jax.value_and_grad(_loss(impl, dict(causal=True)),
+                                                argnums=(0, 1, 2, 3)))
+  (out_e, grads_e), (out_f, grads_f) = (loss(i)(q, k, v, gains) for i in ("explicit", "fused"))
+  np.testing.assert_allclose(out_e, out_f, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads_e), jax.tree.leaves(grads_f)):
+    np.testing.assert_allclose(a, b, atol=1e-4)

@@ -175,6 +175,7 @@ def topology_devices(target: Target) -> Sequence:
     if target.device.cores_per_chip == 2:
       kwargs["chip_config_name"] = "megacore"
     _quiet_libtpu(target)
+    use_libtpu_fiber_stack()
     extra, what = TPU_EXTRA, "libtpu"
   else:
     kwargs = dict(target_config=gpu_target_config(target.device), topology=target.topology)
@@ -200,6 +201,25 @@ def _quiet_libtpu(target: Target) -> None:
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", target.name)
+
+
+# libtpu 0.0.42.1 estimates a fused convolution's cost by recursing through its fused operands
+# on a compiler fiber's stack, which is small by default: SAS-P's explicit T x T path at the
+# paper's shape (v5e-8), and small explicit steps on one chip, overflow it (SIGSEGV in
+# FusedSpatialMajorConvolution::CalculateClassicConvWindowsCost). 16 MiB compiles them (1 MiB
+# already did the small one); a tiny step's compile peaks at the same resident memory with 16
+# MiB as with 1 MiB (1.09 GB), as the stacks are reserved address space until touched.
+LIBTPU_FIBER_STACK_FLAG = "--fibers_default_thread_stack_size"
+LIBTPU_FIBER_STACK_BYTES = 16 * 2 ** 20
+
+
+def use_libtpu_fiber_stack(environ=os.environ) -> None:
+  """Adds LIBTPU_FIBER_STACK_FLAG to LIBTPU_INIT_ARGS unless the user set it: libtpu reads it
+  when it loads (the first TPU compile or device of the process), so call this before."""
+  given = environ.get("LIBTPU_INIT_ARGS", "")
+  if LIBTPU_FIBER_STACK_FLAG not in given:
+    environ["LIBTPU_INIT_ARGS"] = " ".join(
+        filter(None, [given, f"{LIBTPU_FIBER_STACK_FLAG}={LIBTPU_FIBER_STACK_BYTES}"]))
 
 
 def gpu_target_config(device: Device) -> str:

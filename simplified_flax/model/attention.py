@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from simplified_flax.model import attention_kernels
 from simplified_flax.model import grad_rules
 from simplified_flax.model import masks
+from simplified_flax.model import target_platform
 
 Impl = Literal["explicit", "fused"]
 IMPLS = ("explicit", "fused")
@@ -80,9 +81,11 @@ def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, ke
   """C v (Eq. (6)) without forming C: float32 [B, Q, H, d] in O(T * H * d)."""
   B, T = v_BKHd.shape[:2]
   valid_BT = jnp.ones((B, T), jnp.float32) if key_mask is None else key_mask.astype(jnp.float32)
-  v_BKHd = v_BKHd.astype(jnp.float32) * valid_BT[:, :, None, None]
+  if key_mask is not None:   # zeroes the padding keys, in v's dtype (exact)
+    v_BKHd = v_BKHd * valid_BT.astype(v_BKHd.dtype)[:, :, None, None]
   if causal:
-    sum_BKHd = jnp.cumsum(v_BKHd, axis=1)
+    sum_BKHd = causal_prefix_sums(v_BKHd)
+    v_BKHd = v_BKHd.astype(jnp.float32)
     count_BT = jnp.cumsum(valid_BT, axis=1)
     if segment_ids is not None:
       # Sum over the run so far = inclusive prefix at t - exclusive prefix at the run's start.
@@ -90,6 +93,7 @@ def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, ke
       sum_BKHd = sum_BKHd - masks.gather_time(sum_BKHd - v_BKHd, starts_BT)
       count_BT = count_BT - masks.gather_time(count_BT - valid_BT, starts_BT)
   else:
+    v_BKHd = v_BKHd.astype(jnp.float32)
     seg_BT = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_ids
     flat_ids = (jnp.arange(B)[:, None] * T + seg_BT).reshape(-1)   # one bucket per (row, segment)
     sums = jax.ops.segment_sum(v_BKHd.reshape(B * T, -1), flat_ids, num_segments=B * T)
@@ -98,6 +102,37 @@ def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, ke
     count_BT = counts[flat_ids].reshape(B, T)
   mean_BKHd = sum_BKHd / jnp.maximum(count_BT, 1.0)[:, :, None, None]
   return masks.take_queries(mean_BKHd, num_queries, query_offset)
+
+
+PREFIX_CHUNK = 128   # the prefix sums' tile along time: one MXU pass on a TPU
+# Where the fused form's prefix sums are chunk matmuls and its combine's narrow result is held
+# in its dtype: TPUs, whose XLA otherwise moves [B, T, H, d] in float32 through layout copies
+# (experiments/results/compiled/tpu_log.md). Other platforms keep the cumulative sum.
+TPU_LAYOUT_PLATFORMS = ("tpu",)
+
+
+def _tpu_layouts() -> bool:
+  return target_platform.current() in TPU_LAYOUT_PLATFORMS
+
+
+def causal_prefix_sums(v_BTHd, *, by_chunks: bool | None = None) -> jax.Array:
+  """float32 [B, T, H, d]: the sum of v over times <= t, at each t (a cumulative sum).
+  `by_chunks` (default: on TPU_LAYOUT_PLATFORMS), where T is a multiple of PREFIX_CHUNK: as
+  matmuls, each chunk of times by a lower-triangular 0/1 matrix (its products exact, the sums
+  in float32), plus the earlier chunks' totals. XLA's TPU cumulative sum instead reduces over
+  windows with time minor-most, through float32 layout copies of [B, T, H, d]."""
+  B, T, H, d = v_BTHd.shape
+  if T % PREFIX_CHUNK or not (_tpu_layouts() if by_chunks is None else by_chunks):
+    return jnp.cumsum(v_BTHd.astype(jnp.float32), axis=1)
+  c, N = PREFIX_CHUNK, T // PREFIX_CHUNK
+  lower_cc = (jnp.arange(c)[:, None] >= jnp.arange(c)[None, :]).astype(v_BTHd.dtype)
+  sums_BNcHd = jnp.einsum("ij,bnjhd->bnihd", lower_cc, v_BTHd.reshape(B, N, c, H, d),
+                          preferred_element_type=jnp.float32,
+                          precision=jax.lax.Precision.HIGHEST)
+  if N > 1:   # add each chunk's earlier chunks: an exclusive cumulative sum of N totals
+    totals_BNHd = sums_BNcHd[:, :, -1]
+    sums_BNcHd = sums_BNcHd + (jnp.cumsum(totals_BNHd, axis=1) - totals_BNHd)[:, :, None]
+  return sums_BNcHd.reshape(B, T, H, d)
 
 
 def combine_fused_terms(attended_BQHd, resid, terms):
@@ -109,7 +144,12 @@ def combine_fused_terms(attended_BQHd, resid, terms):
   out_BQHd = gain(resid) * attended_BQHd.astype(jnp.float32)
   for g, values_BQHd in terms:
     out_BQHd = out_BQHd + gain(g) * values_BQHd.astype(jnp.float32)
-  return out_BQHd.astype(attended_BQHd.dtype)
+  out_BQHd = out_BQHd.astype(attended_BQHd.dtype)
+  if out_BQHd.dtype == jnp.float32 or not _tpu_layouts():
+    return out_BQHd
+  # Held in bfloat16: XLA would drop the rounding where the block casts it back up and carry
+  # float32 [B, T, H, d] through layout copies on a TPU (the same maths at twice the bytes).
+  return jax.lax.optimization_barrier(out_BQHd)
 
 
 def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: bool,
