@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import conftest
 import jax
 import numpy as np
 import pytest
@@ -58,7 +59,8 @@ def subprocess_env(devices: int = 1, cache_dir: str | None = None) -> dict:
   """Environment of a child JAX process on `devices` simulated CPU devices."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
              PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} "
+             + conftest.FAST_COMPILE_XLA_FLAGS)
   if cache_dir:   # identical programs compile once across the test's processes
     env.update(JAX_COMPILATION_CACHE_DIR=cache_dir,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
