@@ -152,8 +152,8 @@ def flag_uses_in(texts: list[str], where: str) -> list[FlagUse]:
     for command in commands(text) or [text]:
       for segment in re.split(r"&&|;|\|\||\||&(?!\w)", command):
         program = PROGRAM.search(segment)
-        if program is None and re.search(r"\b(pip|pytest|gcloud|tfds|sphinx|git)\b|XLA_FLAGS",
-                                         segment):
+        if program is None and re.search(
+            r"\b(pip|pytest|gcloud|tfds|sphinx|git)\b|XLA_FLAGS|LIBTPU_INIT_ARGS", segment):
           continue   # another tool's flags
         if program is None and not segment.strip().startswith("--"):
           continue   # not a command of ours, not a flag on its own
