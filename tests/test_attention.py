@@ -196,9 +196,11 @@ def test_prefix_sums_by_chunk_matmuls_equal_the_cumulative_sum(dtype):
 
 
 def test_the_tpu_form_of_the_fused_path_equals_the_explicit_one(monkeypatch):
-  """Chunk-matmul prefix sums and a held combine (TPU_LAYOUT_PLATFORMS), here on the CPU over
-  two chunks: outputs and gradients as the explicit path's."""
+  """Chunk-matmul prefix sums and a held combine (TPU_LAYOUT_PLATFORMS,
+  HELD_COMBINE_PLATFORMS), here on the CPU over two chunks: outputs and gradients as the
+  explicit path's."""
   monkeypatch.setattr(attention, "TPU_LAYOUT_PLATFORMS", ("cpu", "tpu"))
+  monkeypatch.setattr(attention, "HELD_COMBINE_PLATFORMS", ("cpu", "tpu", "gpu"))
   T2 = 2 * attention.PREFIX_CHUNK
   kq, kk, kv = jax.random.split(jax.random.key(2), 3)
   q, k, v = (jax.random.normal(key, (1, T2, 2, 4)) for key in (kq, kk, kv))

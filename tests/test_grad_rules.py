@@ -91,8 +91,34 @@ def test_auto_applies_each_rule_on_its_platform_and_a_nonzero_slope_keeps_leaky_
   with grad_rules.chosen("auto"):
     for platform in ("cpu", "gpu", "tpu"):
       with target_platform.compiling_for(platform):
-        assert grad_rules.enabled("relu") == (platform == "gpu")
+        assert grad_rules.enabled("relu") == grad_rules.enabled("split") == (platform == "gpu")
         assert grad_rules.enabled("dense") == grad_rules.enabled("gains") == (platform == "cpu")
   with grad_rules.chosen("on"):
     jaxpr = str(jax.make_jaxpr(lambda x: grad_rules.leaky_relu(x, 0.1))(jnp.ones(3)))
   assert "custom_jvp_call" not in jaxpr
+
+
+def test_the_split_rule_is_jnp_split_bit_for_bit_with_its_backward_held():
+  """The q/k split's rule: values, gradients and tangents as `jnp.split`; the backward's
+  concatenated dq/dk passes one optimization barrier (what XLA:GPU then makes once)."""
+  x = jnp.linspace(-2, 2, 2 * 3 * 8, dtype=jnp.bfloat16).reshape(2, 3, 8)
+  weights = jnp.arange(4, dtype=jnp.bfloat16)
+  def loss(split):
+    def of(x):
+      q, k = split(x)
+      return jnp.sum(q * weights) - jnp.sum(k ** 2)
+    return of
+  plain = lambda x: tuple(jnp.split(x, 2, axis=-1))
+  with grad_rules.chosen("on"):
+    held_values = grad_rules.split_halves(x)
+    held_grad = jax.grad(loss(grad_rules.split_halves))(x)
+    held_tangents = jax.jvp(grad_rules.split_halves, (x,), (x,))[1]
+    grad_jaxpr = str(jax.make_jaxpr(jax.grad(loss(grad_rules.split_halves)))(x))
+  for held, reference in ((held_values, plain(x)), (held_grad, jax.grad(loss(plain))(x)),
+                          (held_tangents, plain(x))):
+    for a, b in zip(jax.tree.leaves(held), jax.tree.leaves(reference)):
+      np.testing.assert_array_equal(a, b)
+  assert grad_jaxpr.count("optimization_barrier") == 1
+  with grad_rules.chosen("off"):
+    assert "optimization_barrier" not in str(
+        jax.make_jaxpr(jax.grad(loss(grad_rules.split_halves)))(x))

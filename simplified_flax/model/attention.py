@@ -105,10 +105,15 @@ def centred_values(v_BKHd, *, causal: bool, num_queries: int, query_offset=0, ke
 
 
 PREFIX_CHUNK = 128   # the prefix sums' tile along time: one MXU pass on a TPU
-# Where the fused form's prefix sums are chunk matmuls and its combine's narrow result is held
-# in its dtype: TPUs, whose XLA otherwise moves [B, T, H, d] in float32 through layout copies
-# (experiments/results/compiled/tpu_log.md). Other platforms keep the cumulative sum.
+# Where the fused form's prefix sums are chunk matmuls: TPUs, whose XLA otherwise moves
+# [B, T, H, d] in float32 through layout copies (experiments/results/compiled/tpu_log.md).
+# Other platforms keep the cumulative sum.
 TPU_LAYOUT_PLATFORMS = ("tpu",)
+# Where the combine's narrow result is held in its dtype (an optimization barrier; values
+# unchanged): TPUs (the layout copies above) and GPUs, whose XLA otherwise folds the combine
+# into the next norm's statistics, so that C v is written in float32 and read again there and
+# A v, v and C v are each read twice (-0.18 s... see optimisation_log.md, third pass).
+HELD_COMBINE_PLATFORMS = ("tpu", "gpu")
 
 
 def _tpu_layouts() -> bool:
@@ -145,10 +150,10 @@ def combine_fused_terms(attended_BQHd, resid, terms):
   for g, values_BQHd in terms:
     out_BQHd = out_BQHd + gain(g) * values_BQHd.astype(jnp.float32)
   out_BQHd = out_BQHd.astype(attended_BQHd.dtype)
-  if out_BQHd.dtype == jnp.float32 or not _tpu_layouts():
+  if out_BQHd.dtype == jnp.float32 or target_platform.current() not in HELD_COMBINE_PLATFORMS:
     return out_BQHd
   # Held in bfloat16: XLA would drop the rounding where the block casts it back up and carry
-  # float32 [B, T, H, d] through layout copies on a TPU (the same maths at twice the bytes).
+  # float32 [B, T, H, d] onwards (HELD_COMBINE_PLATFORMS: the same maths at more bytes).
   return jax.lax.optimization_barrier(out_BQHd)
 
 

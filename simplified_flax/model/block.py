@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from simplified_flax.model import attention
 from simplified_flax.model import attention_kernels
+from simplified_flax.model import grad_rules
 from simplified_flax.model import kv_cache
 from simplified_flax.model import layers
 from simplified_flax.model import valproj
@@ -44,7 +45,7 @@ class AttentionSubBlock(nn.Module):
     B, T, D = x_BTD.shape
     H = m.n_head
     qk_BT2D = layers.dense(2 * D, self.dtype, "c_attn", _qk_kernel_init(m), use_bias=True)(x_BTD)
-    q_BTD, k_BTD = jnp.split(qk_BT2D, 2, axis=-1)
+    q_BTD, k_BTD = grad_rules.split_halves(qk_BT2D)
     v_BTD = layers.ReparamLinear(valproj.value_settings(m, self.layer), self.dtype,
                                  name="value")(x_BTD, anchors.get("value"))
     q_BTHd, k_BTHd, v_BTHd = (a.reshape(B, T, H, D // H) for a in (q_BTD, k_BTD, v_BTD))

@@ -11,12 +11,19 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          fuses a `max` into the GEMM that reads the activation, but not leaky_relu's select,
          which costs a read and a write of every [B, T, 4D] activation (-3.6 GB per step at
          the paper's shape on an H200, read from the compiled program).
+  split  (GPU) the split of c_attn's output into q and k with an optimization barrier on its
+         tangent, so that the backward concatenates dq and dk once and holds the result:
+         XLA:GPU otherwise makes that concatenation twice, inside the GEMM for the input's
+         gradient and again for the weight gradient's cuBLAS call (-1.8 GB per step for SAS
+         and SAS-P at the paper's shape on an H200; Pre-LN, whose value GEMM XLA merges with
+         c_attn, unchanged). A barrier in the forward would cost more: the bias add could no
+         longer fuse into the split.
 
 The mode is chosen once: "auto" applies each rule on the platform named above, where it was
 measured to help (the platform the step is compiled for); "on" applies all; "off" none
 (plain autodiff). `Transformer` traces its body inside `chosen(model.grad_rules)`, and
-`matmul`, the MLP and the attention read it at trace time (so under jit, scan and remat
-alike).
+`matmul`, the MLP, the attention and its q/k split read it at trace time (so under jit, scan
+and remat alike).
 """
 import contextlib
 import contextvars
@@ -28,7 +35,7 @@ import jax.numpy as jnp
 from simplified_flax.model import target_platform
 
 MODES = ("auto", "on", "off")
-AUTO_PLATFORM = {"dense": "cpu", "gains": "cpu", "relu": "gpu"}   # where "auto" applies each
+AUTO_PLATFORM = {"dense": "cpu", "gains": "cpu", "relu": "gpu", "split": "gpu"}   # where "auto" applies each
 _MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
 
 
@@ -76,6 +83,24 @@ def relu(x):
 def _relu_jvp(primals, tangents):
   (x,), (dx,) = primals, tangents
   return relu(x), jax.jvp(lambda x: jax.nn.leaky_relu(x, 0.0), (x,), (dx,))[1]
+
+
+def split_halves(x_ND):
+  """`jnp.split(x, 2, axis=-1)`, with the `split` rule when it applies."""
+  if enabled("split"):
+    return _held_split(x_ND)
+  return tuple(jnp.split(x_ND, 2, axis=-1))
+
+
+@jax.custom_jvp
+def _held_split(x_ND):
+  return tuple(jnp.split(x_ND, 2, axis=-1))
+
+
+@_held_split.defjvp
+def _held_split_jvp(primals, tangents):
+  (x_ND,), (dx_ND,) = primals, tangents
+  return _held_split(x_ND), tuple(jnp.split(jax.lax.optimization_barrier(dx_ND), 2, axis=-1))
 
 
 def _present(tangent) -> bool:
