@@ -23,6 +23,19 @@ def with_ratios(rows: List[Dict[str, Any]]) -> None:
            and _impl(r) == _impl(row) and r.get("roofline_step_s")]
     if ref and row.get("roofline_step_s"):
       row["x_preln"] = ref[0]["roofline_step_s"] / row["roofline_step_s"]
+    if ref and _xla_bytes(row) and _xla_bytes(ref[0]):
+      row["xla_bytes_x_preln"] = _xla_bytes(row) / _xla_bytes(ref[0])
+
+
+def _xla_bytes(row) -> float | None:
+  """XLA's own cost_analysis bytes per device (TPU programs; None on GPU, where it is absent)."""
+  return (row.get("xla_cost_analysis") or {}).get("bytes accessed")
+
+
+def _xla_bytes_cell(row) -> str:
+  if not _xla_bytes(row):
+    return "-"
+  return f"{_xla_bytes(row) / 1e9:.2f} ({row.get('xla_bytes_x_preln', 0):.3f})"
 
 
 def _variant_lines(rows, paper) -> List[str]:
@@ -30,18 +43,19 @@ def _variant_lines(rows, paper) -> List[str]:
   table = []
   for r in rows:
     if not r.get("fits", True) and "roofline_step_s" not in r:
-      table.append([r["target"], _impl(r), r["variant"], "-", "-", "-", "-", "-", "-",
+      table.append([r["target"], _impl(r), r["variant"], "-", "-", "-", "-", "-", "-", "-",
                     "does not fit"])
       continue
     table.append([r["target"], _impl(r), r["variant"], f"{r['flops_per_device'] / 1e12:.2f}",
                   f"{r['bytes_per_device'] / 1e9:.1f}",
                   f"{r['non_matmul_bytes_per_device'] / 1e9:.1f}",
                   f"{r['roofline_step_s'] * 1e3:.2f}", f"{r.get('x_preln', 0):.3f}",
-                  paper.get(r["variant"], "-"),
+                  paper.get(r["variant"], "-"), _xla_bytes_cell(r),
                   f"{r['memory_per_device_bytes']['total'] / GiB:.2f} ({r['attention_kernel']})"])
   return report_lib.markdown_table(
       ["target", "path", "variant", "TFLOP/device", "GB moved", "non-matmul GB", "roofline ms",
-       "x Pre-LN", "paper", "GiB/device (kernel)"], table, align="lll" + "r" * 7)
+       "x Pre-LN", "paper", "XLA bytes GB (x Pre-LN)", "GiB/device (kernel)"], table,
+      align="lll" + "r" * 8)
 
 
 def _memory_lines(rows) -> List[str]:
@@ -111,7 +125,10 @@ def markdown(results: Dict[str, Any]) -> str:
            "(`python -m simplified_flax.compile`): buffers, FLOPs and bytes per device are "
            "exact for that program; the roofline (the sum over kernels of max(FLOPs / peak, "
            "bytes / HBM bandwidth), published peaks) is an estimate, not a timing. Compile "
-           "seconds are the one timing, on this host.", ""]
+           "seconds are the one timing, on this host. On a TPU, compare steps by XLA's own "
+           "`cost_analysis` bytes (the 'XLA bytes' column, with its ratio to Pre-LN's): they "
+           "count buffers as the TPU lays them out, while the HLO reading counts each weight "
+           "prefetch with its whole source buffer and no tile padding (docs/compile.md).", ""]
   if results.get("variants"):
     lines += ["## Decoder variants (paper shape)", "",
               *_variant_lines(results["variants"], PAPER_TABLE), ""]

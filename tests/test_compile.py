@@ -208,3 +208,22 @@ def test_the_report_reads_what_a_step_that_does_not_fit_needs():
                                            "long_context": rows})
   assert "| > 27.59 (temporaries) |" in text
   assert "(fused <= 0.100x the explicit temporaries alone)" in text
+
+
+def test_the_report_compares_tpu_rows_by_xla_bytes_and_gpu_rows_without():
+  from experiments import compiled_targets_report  # pylint: disable=import-outside-toplevel
+  def row(variant, target, roofline, xla_bytes=None):
+    found = {"variant": variant, "target": target, "command": f"{variant} {target}",
+             "overrides": {"model.attention_impl": "auto"}, "fits": True,
+             "flops_per_device": 1e12, "bytes_per_device": 6e10,
+             "non_matmul_bytes_per_device": 5e10, "roofline_step_s": roofline,
+             "memory_per_device_bytes": {"total": 2 ** 30}, "attention_kernel": "splash"}
+    if xla_bytes:
+      found["xla_cost_analysis"] = {"bytes accessed": xla_bytes}
+    return found
+  rows = [row("preln", "v5e-8", 0.08, 29.0e9), row("sas_p", "v5e-8", 0.079, 30.45e9),
+          row("preln", "h200", 0.025), row("sas_p", "h200", 0.024)]
+  text = compiled_targets_report.markdown({"script": "s", "versions": {}, "shape": {},
+                                           "variants": rows})
+  assert "| 30.45 (1.050) |" in text and "| 29.00 (1.000) |" in text
+  assert text.count("| - | 1.00 (splash) |") == 2   # the GPU rows have no XLA byte count

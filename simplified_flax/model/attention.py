@@ -112,7 +112,8 @@ TPU_LAYOUT_PLATFORMS = ("tpu",)
 # Where the combine's narrow result is held in its dtype (an optimization barrier; values
 # unchanged): TPUs (the layout copies above) and GPUs, whose XLA otherwise folds the combine
 # into the next norm's statistics, so that C v is written in float32 and read again there and
-# A v, v and C v are each read twice (-0.18 s... see optimisation_log.md, third pass).
+# A v, v and C v are each read twice (-0.85 GB a step for SAS-P at the paper's shape on an
+# H200; experiments/results/compiled/optimisation_log.md, third pass).
 HELD_COMBINE_PLATFORMS = ("tpu", "gpu")
 
 
