@@ -35,7 +35,8 @@ import jax.numpy as jnp
 from simplified_flax.model import target_platform
 
 MODES = ("auto", "on", "off")
-AUTO_PLATFORM = {"dense": "cpu", "gains": "cpu", "relu": "gpu", "split": "gpu"}   # where "auto" applies each
+# Where "auto" applies each rule.
+AUTO_PLATFORM = {"dense": "cpu", "gains": "cpu", "relu": "gpu", "split": "gpu"}
 _MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
 
 
