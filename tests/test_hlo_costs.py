@@ -53,3 +53,16 @@ def test_hlo_costs_count_an_in_place_update_as_its_slice():
   assert updates
   step_bytes, buffer_bytes = 4 * 4096, 4 * 64 * 4096
   assert all(k.bytes <= 4 * step_bytes < buffer_bytes for k in updates)
+
+
+def test_hlo_costs_count_a_slice_read_as_the_slice():
+  """A scan reading one step of a stacked input per trip (as a scanned model's backward reads
+  its residuals) reads that step's slice, never the whole [steps, ...] buffer."""
+  def f(xs_SN):
+    return jax.lax.scan(lambda c, x_N: (c + jnp.sin(x_N), None), jnp.zeros(4096), xs_SN)[0]
+
+  program = hlo_costs.parse(jax.jit(f).lower(jnp.ones((64, 4096))).compile().as_text())
+  step_bytes, buffer_bytes = 4 * 4096, 4 * 64 * 4096
+  per_trip = [k for k in program.kernels.values() if k.runs == 64]
+  assert per_trip
+  assert sum(k.bytes for k in per_trip) <= 8 * step_bytes < buffer_bytes

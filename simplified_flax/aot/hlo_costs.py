@@ -25,6 +25,9 @@ Counting rules (XLA's own cost-analysis conventions, applied per instruction):
     writing one step's slice of its stacked output) writes into its operand's buffer: it reads
     and writes the slice it updates, not the whole buffer, so that buffer's bytes count
     neither as read nor as written (XLA's own cost analysis counts it so).
+  * A slice read (a `dynamic-slice` or `slice`, or a fusion whose parameter feeds only such
+    slices, e.g. a scan's backward reading one step of its stacked residuals) reads the slices,
+    not the whole buffer: the buffer counts as those slices' bytes.
   * runs: executions per call of the program: 1 in the entry computation, times the known
     trip count of each enclosing `while` loop (XLA's `known_trip_count`; 1 when unknown).
 """
@@ -209,6 +212,10 @@ def parse(hlo_text: str) -> Program:
   called = {i.name: re.findall(r"(?:calls|body|condition|to_apply|branch_computations)="
                                r"\{?%([^\s,}]+)", i.attrs) for i in instructions.values()}
   runs = _runs_per_computation(entry, computations, called)
+  users: Dict[str, List[Instruction]] = {}
+  for i in instructions.values():
+    for o in i.operands:
+      users.setdefault(o, []).append(i)
   kernels = {}
   for name, inst in instructions.items():
     if inst.computation not in runs or inst.opcode in NOT_KERNELS:
@@ -218,6 +225,7 @@ def parse(hlo_text: str) -> Program:
     inst.bytes = shape_bytes(result_shape(inst)) + sum(shape_bytes(shapes.get(o, ""))
                                                for o in inst.operands)
     inst.bytes -= _bytes_updated_in_place(inst, instructions, roots, called)
+    inst.bytes -= _bytes_not_sliced(inst, instructions, computations, called, users)
     inst.is_matmul = _has_matmul(inst, computations, called)
     kernels[name] = inst
   return Program(module.group(1) if module else "", instructions, kernels, called)
@@ -243,6 +251,26 @@ def _bytes_updated_in_place(inst: Instruction, instructions, roots, called) -> f
     if buffer is None or buffer.opcode != "parameter" or buffer.parameter_number < 0:
       continue   # a buffer made inside the fusion is written whole
     saved += 2 * (shape_bytes(buffer.shape) - shape_bytes(shape(out.operands[1])))
+  return saved
+
+
+SLICES = ("dynamic-slice", "slice")
+
+
+def _bytes_not_sliced(inst: Instruction, instructions, computations, called, users) -> float:
+  """Of `inst`'s operand bytes, those of the buffers it reads only slices of: each such buffer
+  less the slices taken from it."""
+  if inst.opcode in SLICES and inst.operands and inst.operands[0] in instructions:
+    return max(0.0, shape_bytes(instructions[inst.operands[0]].shape) - shape_bytes(inst.shape))
+  if inst.opcode != "fusion" or not called.get(inst.name):
+    return 0.0
+  saved = 0.0
+  for param in computations.get(called[inst.name][0], ()):
+    if param.opcode != "parameter" or param.parameter_number >= len(inst.operands):
+      continue
+    readers = users.get(param.name, [])
+    if readers and all(r.opcode in SLICES and r.operands[0] == param.name for r in readers):
+      saved += max(0.0, shape_bytes(param.shape) - sum(shape_bytes(r.shape) for r in readers))
   return saved
 
 
