@@ -7,8 +7,8 @@
     python -m simplified_flax.compile --config=sas_p --target=h200 [--num_gpus=8]
 
 Needs the target's compiler, not its hardware: `pip install 'simplified_flax[tpu]'` (libtpu)
-for TPUs, `'simplified_flax[cuda12]'` for NVIDIA GPUs. Prints the memory per device, FLOPs,
-bytes and a roofline bound (estimates read from the compiled program, not timings); `--json`
+for TPUs, `'simplified_flax[cuda12-compile]'` for NVIDIA GPUs. Prints the memory per device,
+FLOPs, bytes and a roofline bound (estimates read from the compiled program, not timings); `--json`
 prints one JSON object instead, `--hlo_out=FILE` writes the train step's optimized HLO. Exit
 status 1 with one line when the step does not fit the device's memory, 2 for a bad flag or a
 missing compiler. Library use: `aot.programs.compile_for(config, aot.targets.parse(name))`.

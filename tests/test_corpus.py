@@ -1,6 +1,7 @@
 """Local corpora read from files: documents, stable splits, identities, clear errors on bad
 input."""
 import json
+import logging
 import os
 
 import pytest
@@ -120,6 +121,19 @@ def test_non_utf8_python_file_is_skipped(tmp_path):
   _write_python_root(tmp_path, num_files=2)
   names = {d.name for d in local_files.python_documents([str(tmp_path)])}
   assert "latin1.py" not in names and "empty.py" not in names and len(names) == 2
+
+
+def test_skipped_files_warn_except_under_the_default_standard_library_root(tmp_path, caplog,
+                                                                          monkeypatch):
+  _write_python_root(tmp_path, num_files=2)
+  warned = lambda: [r for r in caplog.records if r.levelno >= logging.WARNING]
+  with caplog.at_level(logging.INFO):
+    local_files.python_documents([str(tmp_path)])
+    assert "skipped 1 non-UTF-8 file(s)" in warned()[0].getMessage()
+    caplog.clear()
+    monkeypatch.setattr(local_files, "stdlib_root", lambda: str(tmp_path))
+    local_files.python_documents([str(tmp_path)])   # the default corpus: its skips are expected
+    assert not warned() and "skipped" in caplog.records[0].getMessage()
 
 
 def test_glob_matching_nothing_is_an_error(tmp_path):

@@ -26,6 +26,11 @@ def test_runtime_needs_no_tensorflow_and_no_test_or_notebook_tooling():
   assert {"cpu", "cuda12", "tpu", "test", "experiments", "data", "hf"} <= set(extras)
   for platform in ("cpu", "cuda12", "tpu"):
     assert extras[platform] == [f"jax[{platform}]>=0.8.3"]
+  # Compiling for NVIDIA GPUs without the GPU runtime, but with cuDNN (without it the program
+  # would quietly take XLA's attention): the CUDA plugin, the CUDA compiler, cuDNN, cudart.
+  assert {_name(r) for r in extras["cuda12-compile"]} == {
+      "jax", "nvidia-cuda-nvcc-cu12", "nvidia-cudnn-cu12", "nvidia-cuda-runtime-cu12"}
+  assert "jax[cuda12-local]>=0.8.3" in extras["cuda12-compile"]
 
 
 def test_requirements_txt_holds_the_runtime_and_the_cpu_ci_extras():

@@ -18,7 +18,9 @@ import math
 import os
 from typing import Sequence
 
-TPU_EXTRA, GPU_EXTRA = "tpu", "cuda12"
+# The extras that bring each compiler (pyproject.toml); [cuda12-compile] is the CUDA plugin
+# with only the CUDA compiler and cuDNN, without the GPU runtime [cuda12] adds.
+TPU_EXTRA, GPU_EXTRA = "tpu", "cuda12-compile"
 GiB = 2 ** 30
 
 
@@ -187,9 +189,11 @@ def topology_devices(target: Target) -> Sequence:
     if _installed(target.platform):
       raise TargetError(f"{target.name}: the compiler refused the topology "
                         f"{target.topology}: {str(error).splitlines()[0]}") from None
-    raise MissingBackendError(
-        f"Compiling for {target.name} needs {what}: pip install 'simplified_flax[{extra}]' "
-        f"(or 'jax[{extra}]' matching your jax).") from None
+    how = (f"'simplified_flax[{extra}]' (or 'jax[{extra}]' matching your jax)"
+           if target.platform == "tpu" else
+           f"'simplified_flax[{extra}]' (the compiler only; [cuda12] to run on the GPU too)")
+    raise MissingBackendError(f"Compiling for {target.name} needs {what}: pip install {how}.") \
+        from None
 
 
 def _quiet_libtpu(target: Target) -> None:

@@ -115,8 +115,11 @@ def python_documents(roots: Sequence[str]) -> list[DocGroup]:
       else:  # a root-relative name: the split does not depend on where the root lives
         docs.append(DocGroup(name=rel, abs_path=os.path.join(root, rel)))
     if not_utf8 or empty:
-      logging.warning("python_code: under %s skipped %d non-UTF-8 file(s) %s and %d empty file(s).",
-                      root, len(not_utf8), not_utf8[:3], empty)
+      # The default corpus always skips some (the standard library ships encoding-test modules
+      # and empty __init__.py files): a warning there would be on every first run's stderr.
+      level = logging.INFO if root == stdlib_root() else logging.WARNING
+      logging.log(level, "python_code: under %s skipped %d non-UTF-8 file(s) %s and %d empty "
+                  "file(s).", root, len(not_utf8), not_utf8[:3], empty)
     if len(docs) == docs_before:
       raise DataError(f"data.roots: no usable *.py file under '{root}' ({len(rel_paths)} found "
                       f"outside {', '.join(sorted(PRUNED_DIRS))}; {len(not_utf8)} not UTF-8, "
