@@ -66,3 +66,43 @@ def test_hlo_costs_count_a_slice_read_as_the_slice():
   per_trip = [k for k in program.kernels.values() if k.runs == 64]
   assert per_trip
   assert sum(k.bytes for k in per_trip) <= 8 * step_bytes < buffer_bytes
+
+
+def test_hlo_costs_see_a_bitcast_buffer_as_the_same_buffer():
+  """XLA:GPU stores a scanned model's residuals in a layout of its choosing and updates or
+  reads them through a bitcast: still an in-place update, a slice read (the [17, 64, 32]
+  buffers below count their [64, 32] slice, never the whole 17 steps)."""
+  hlo = """HloModule jit_h, entry_computation_layout={(s32[], f32[17,32,64]{2,1,0}, f32[64,32]{1,0})->(f32[17,64,32]{2,1,0}, f32[1,64,32]{2,1,0})}
+
+%fused_update (p0: s32[], p1: f32[17,32,64], p2: f32[64,32]) -> f32[17,64,32] {
+  %p1 = f32[17,32,64]{1,2,0} parameter(1)
+  %b = f32[17,64,32]{2,1,0} bitcast(%p1)
+  %p2 = f32[64,32]{1,0} parameter(2)
+  %u = f32[1,64,32]{2,1,0} bitcast(%p2)
+  %p0 = s32[] parameter(0)
+  %z = s32[] constant(0)
+  ROOT %dus = f32[17,64,32]{2,1,0} dynamic-update-slice(%b, %u, %p0, %z, %z)
+}
+
+%fused_read (q0: s32[], q1: f32[17,32,64]) -> f32[1,64,32] {
+  %q1 = f32[17,32,64]{1,2,0} parameter(1)
+  %c = f32[17,64,32]{2,1,0} bitcast(%q1)
+  %q0 = s32[] parameter(0)
+  %y = s32[] constant(0)
+  %rs = f32[1,64,32]{2,1,0} dynamic-slice(%c, %q0, %y, %y), dynamic_slice_sizes={1,64,32}
+  ROOT %neg = f32[1,64,32]{2,1,0} negate(%rs)
+}
+
+ENTRY %main (i: s32[], buffer: f32[17,32,64], x: f32[64,32]) -> (f32[17,64,32], f32[1,64,32]) {
+  %i = s32[] parameter(0)
+  %buffer = f32[17,32,64]{1,2,0} parameter(1)
+  %x = f32[64,32]{1,0} parameter(2)
+  %update = f32[17,64,32]{2,1,0} fusion(%i, %buffer, %x), kind=kLoop, calls=%fused_update
+  %read = f32[1,64,32]{2,1,0} fusion(%i, %buffer), kind=kLoop, calls=%fused_read
+  ROOT %out = (f32[17,64,32]{2,1,0}, f32[1,64,32]{2,1,0}) tuple(%update, %read)
+}
+"""
+  kernels = hlo_costs.parse(hlo).kernels
+  slice_bytes = 4 * 64 * 32
+  assert kernels["update"].bytes == 3 * slice_bytes + 4   # read x, read + write the slice; i
+  assert kernels["read"].bytes == 2 * slice_bytes + 4     # read the slice, write the result; i

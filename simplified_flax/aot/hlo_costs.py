@@ -248,6 +248,8 @@ def _bytes_updated_in_place(inst: Instruction, instructions, roots, called) -> f
     if out is None or out.opcode != "dynamic-update-slice" or len(out.operands) < 2:
       continue
     buffer = instructions.get(out.operands[0])
+    while buffer is not None and buffer.opcode == "bitcast" and buffer.operands:
+      buffer = instructions.get(buffer.operands[0])   # a bitcast is the same buffer
     if buffer is None or buffer.opcode != "parameter" or buffer.parameter_number < 0:
       continue   # a buffer made inside the fusion is written whole
     saved += 2 * (shape_bytes(buffer.shape) - shape_bytes(shape(out.operands[1])))
@@ -268,10 +270,22 @@ def _bytes_not_sliced(inst: Instruction, instructions, computations, called, use
   for param in computations.get(called[inst.name][0], ()):
     if param.opcode != "parameter" or param.parameter_number >= len(inst.operands):
       continue
-    readers = users.get(param.name, [])
-    if readers and all(r.opcode in SLICES and r.operands[0] == param.name for r in readers):
+    readers = _readers_through_bitcasts(param.name, users)
+    if readers and all(r is not None and r.opcode in SLICES for r in readers):
       saved += max(0.0, shape_bytes(param.shape) - sum(shape_bytes(r.shape) for r in readers))
   return saved
+
+
+def _readers_through_bitcasts(name: str, users) -> List[Instruction]:
+  """The instructions that read `name`'s buffer, looking through bitcasts (the same buffer),
+  each one reading it as its first operand; [None] if one reads it otherwise."""
+  readers = []
+  for user in users.get(name, []):
+    if user.opcode == "bitcast":
+      readers += _readers_through_bitcasts(user.name, users)
+    else:
+      readers.append(user if user.operands and user.operands[0] == name else None)
+  return readers
 
 
 def _runs_per_computation(entry, computations, called) -> Dict[str, int]:
