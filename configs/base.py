@@ -48,6 +48,7 @@ def model_config() -> ml_collections.ConfigDict:
   m.grad_rules = "auto"              # speed-only gradient rules: auto (where each helps), on, off
   m.scan_layers = False              # one nn.scan over the layers that share their structure
   m.remat = False                    # recompute each block's activations in the backward pass
+  m.scan_residuals = "matmuls"       # scanned, no remat: keep matmul/kernel outputs, or "all"
 
   # Norms (docs/model.md, "The block").
   m.norm_type = "rmsnorm"            # "ln", "rmsnorm" or "none"

@@ -1,4 +1,4 @@
-"""`model.scan_layers` / `model.remat`: which layers one scan runs, and that the scanned model
+"""`model.scan_layers` / `model.remat` / `model.scan_residuals`: which layers one scan runs, and that the scanned model
 (weights converted with `layer_stack.stack_layers`) gives the unrolled model's losses,
 gradients, diagnostics and cached decoding."""
 import functools
@@ -54,9 +54,12 @@ def _loss(model, variables, params):
   return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], TOKENS_BT[:, 1:]).mean()
 
 
-@pytest.mark.parametrize("variant, remat", [("sas_p", False), ("sas", True)])
-def test_scanned_model_has_the_unrolled_losses_and_gradients(variant, remat):
-  unrolled, scanned, variables, scanned_params = _models(variant, remat=remat)
+@pytest.mark.parametrize("variant, remat, residuals", [
+    ("sas_p", False, "matmuls"), ("sas", True, "matmuls"), ("preln", False, "all")])
+def test_scanned_model_has_the_unrolled_losses_and_gradients(variant, remat, residuals):
+  """With remat, or keeping matmul/kernel outputs ("matmuls", the default), or everything."""
+  unrolled, scanned, variables, scanned_params = _models(variant, remat=remat,
+                                                         scan_residuals=residuals)
   assert jax.tree.structure(scanned_params) == jax.tree.structure(
       jax.eval_shape(scanned.init, jax.random.key(0), TOKENS_BT)["params"])
   grad = lambda model, params: jax.jit(jax.value_and_grad(functools.partial(

@@ -5,7 +5,8 @@ layer axis): one block body compiled at any depth. Layer 0 (with `first_layer_va
 or `norm_type="none"`) and the last (with `last_layer_proj_resid_gain`) may differ and stay
 outside under their unrolled names; the run between is one module `h_<first>_to_<last>`
 (`h_1_to_17` for SAS-P at 18 layers). Fewer than two shared layers: unrolled. Anchors keep their
-unrolled layout; `model.remat` rematerialises each block. `stack_layers` / `unstack_layers`
+unrolled layout; `model.remat` rematerialises each block, and without it `model.scan_residuals`
+says what the scanned backward keeps (`SCAN_RESIDUALS`). `stack_layers` / `unstack_layers`
 convert a params (or cache) tree between the layouts exactly.
 """
 import re
@@ -17,6 +18,27 @@ import jax.numpy as jnp
 
 from simplified_flax.model import block
 from simplified_flax.model import valproj
+
+# model.scan_residuals: what a scanned block keeps for the backward, per layer (without remat).
+#  "matmuls": the outputs of its matmuls and attention kernels, as the unrolled program keeps
+#    them; the elementwise rest (norms, casts, activations, the shaping terms) is recomputed
+#    inside the backward's loop, where XLA fuses it into the kernels that read it.
+#  "all": JAX's default for a scan, every intermediate the backward reads, float32 norm and
+#    shaping terms included, each written to a stacked [layers, ...] buffer. On the H200, SAS-P
+#    at the paper's shape: 14.3 GiB of temporaries against 6.9 for "matmuls" (unrolled: 8.3).
+SCAN_RESIDUALS = ("matmuls", "all")
+# The attention kernels' forward primitives (cuDNN's; splash and other Pallas kernels): their
+# outputs are kept like a matmul's, so that the backward never runs the forward kernel again.
+KERNEL_PRIMITIVES = frozenset({"dot_product_attention_fwd", "dot_product_attention_fwd_wrapper",
+                               "pallas_call"})
+
+
+def keep_matmuls_and_kernels(prim, *avals, **params) -> bool:
+  """The remat policy of scan_residuals="matmuls": keep an output of a matmul (any
+  dot_general, batched ones included: the explicit path's scores) or of an attention kernel."""
+  return (prim.name in KERNEL_PRIMITIVES
+          or jax.checkpoint_policies.checkpoint_dots(prim, *avals, **params))
+
 
 def _signature(m, layer: int) -> Tuple[Any, ...]:
   """Everything a block's structure and constants depend on besides its weights."""
@@ -70,7 +92,12 @@ def run_blocks(parent: nn.Module, m, x_BTD, anchors: Dict[str, Any], *, causal: 
   emit = parent.is_mutable_collection("intermediates")
   # Under scan, CSE cannot undo the rematerialisation, so it need not be prevented.
   remat = m.get("remat", False)
-  scan_step = nn.remat(LayerStep, prevent_cse=False) if remat else LayerStep
+  if remat:
+    scan_step = nn.remat(LayerStep, prevent_cse=False)
+  elif m.get("scan_residuals", "matmuls") == "matmuls":   # absent from configs saved before it
+    scan_step = nn.remat(LayerStep, prevent_cse=False, policy=keep_matmuls_and_kernels)
+  else:
+    scan_step = LayerStep
   per_layer = (key_mask, segment_ids, cache_index, lengths)
   layer = 0
   while layer < m.n_layer:

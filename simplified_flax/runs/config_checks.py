@@ -9,6 +9,7 @@ from operator import attrgetter
 
 from simplified_flax.model import attention_kernels
 from simplified_flax.model import grad_rules
+from simplified_flax.model import layer_stack
 from simplified_flax.model import layers
 from simplified_flax.model import transformer
 from simplified_flax.model import valproj
@@ -90,6 +91,7 @@ def validate_model_config(m, require_vocab: bool = True) -> None:
   for name in ("scan_layers", "remat"):
     one_of(m.get(name, False), (False, True), f"model.{name}")
   one_of(m.get("loss_keep_logits", True), (False, True), "model.loss_keep_logits")
+  one_of(m.get("scan_residuals", "matmuls"), layer_stack.SCAN_RESIDUALS, "model.scan_residuals")
   _in_range(m, "norm_eps", 0, low_open=True, prefix="model.")
   _in_range(m, "dropout_rate", 0, 1, high_open=True, prefix="model.")
   _model_structure_rules(m)
