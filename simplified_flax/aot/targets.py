@@ -178,10 +178,12 @@ def topology_devices(target: Target) -> Sequence:
       kwargs["chip_config_name"] = "megacore"
     _quiet_libtpu(target)
     use_libtpu_fiber_stack()
-    extra, what = TPU_EXTRA, "libtpu"
+    what = "libtpu"
+    how = f"'simplified_flax[{TPU_EXTRA}]' (or 'jax[{TPU_EXTRA}]' matching your jax)"
   else:
     kwargs = dict(target_config=gpu_target_config(target.device), topology=target.topology)
-    extra, what = GPU_EXTRA, "the CUDA plugin of jax (jax-cuda12-plugin)"
+    what = "the CUDA plugin of jax (jax-cuda12-plugin)"
+    how = f"'simplified_flax[{GPU_EXTRA}]' (the compiler only; [cuda12] to run on the GPU too)"
   platform = "tpu" if target.platform == "tpu" else "cuda"
   try:
     return topologies.get_topology_desc(platform=platform, **kwargs).devices
@@ -189,9 +191,6 @@ def topology_devices(target: Target) -> Sequence:
     if _installed(target.platform):
       raise TargetError(f"{target.name}: the compiler refused the topology "
                         f"{target.topology}: {str(error).splitlines()[0]}") from None
-    how = (f"'simplified_flax[{extra}]' (or 'jax[{extra}]' matching your jax)"
-           if target.platform == "tpu" else
-           f"'simplified_flax[{extra}]' (the compiler only; [cuda12] to run on the GPU too)")
     raise MissingBackendError(f"Compiling for {target.name} needs {what}: pip install {how}.") \
         from None
 
