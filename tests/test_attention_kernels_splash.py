@@ -1,6 +1,7 @@
 """The TPU splash kernel under a multi-device jit mesh: `shard_map`ped over the batch (and, where
 the batch runs out, the heads), equal to the explicit form in outputs and gradients. Runs in a
-child process on 8 simulated CPU devices, the kernel in Pallas interpret mode."""
+child process on 8 simulated CPU devices, the kernel in Pallas interpret mode; so are the
+causal combine's kernels (model/combine_kernel.py), with the batch and the heads split."""
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ SCRIPT = r"""
 import functools, json
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-from simplified_flax.model import attention, attention_kernels
+from simplified_flax.model import attention, attention_kernels, grad_rules
 from simplified_flax.training import placement
 
 attention_kernels.dot_product_attention = functools.partial(
@@ -59,6 +60,12 @@ def under_mesh(impl):
   return jax.jit(f)(GAINS, batch)
 out["heads"] = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
                             under_mesh("fused"), under_mesh("explicit"))
+# The causal combine's kernels (grad_rules "on", interpreted here), split over the heads too.
+with grad_rules.chosen("on"):
+  out["heads_combine_kernels"] = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
+                                              under_mesh("fused"), under_mesh("explicit"))
+  out["jaxpr_has_combine_kernels"] = "pallas_call" in str(jax.make_jaxpr(step("fused", True))(
+      GAINS, batch))
 print("RESULT " + json.dumps(out))
 """
 
@@ -76,7 +83,7 @@ def test_splash_under_an_eight_device_mesh_equals_explicit():
                         cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.split("RESULT ", 1)[1])
-  assert out.pop("jaxpr_has_shard_map")
+  assert out.pop("jaxpr_has_shard_map") and out.pop("jaxpr_has_combine_kernels")
   for case, (value_diff, grad_diffs) in out.items():
     assert value_diff < 1e-3, case   # a sum over 8 x 128 x 2 x 8 outputs
     np.testing.assert_array_less(np.array(jax.tree.leaves(grad_diffs)), 1e-3, err_msg=case)

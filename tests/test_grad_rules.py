@@ -16,8 +16,8 @@ from simplified_flax.model import transformer
 from simplified_flax.runs import config_checks
 
 
-def _loss_and_jaxpr(variant: str, mode: str):
-  config = tiny_config(variant, grad_rules=mode)
+def _loss_and_jaxpr(variant: str, mode: str, impl: str = "auto"):
+  config = tiny_config(variant, grad_rules=mode, attention_impl=impl)
   model = transformer.build_model(config.model)
   tokens_BT = jax.random.randint(jax.random.key(0), (2, 16), 0, config.model.vocab_size)
   variables = model.init(jax.random.key(1), tokens_BT)
@@ -31,12 +31,14 @@ def _loss_and_jaxpr(variant: str, mode: str):
   return jax.grad(loss)(variables["params"]), str(jax.make_jaxpr(loss)(variables["params"]))
 
 
-@pytest.mark.parametrize("variant", ["sas_p", "preln"])
-def test_rules_on_and_off_give_the_same_gradients(variant):
-  grads_on, jaxpr_on = _loss_and_jaxpr(variant, "on")
-  grads_off, jaxpr_off = _loss_and_jaxpr(variant, "off")
+@pytest.mark.parametrize("variant,impl", [("sas_p", "auto"), ("preln", "auto"),
+                                          ("sas_p", "fused")])   # fused: the combine kernels
+def test_rules_on_and_off_give_the_same_gradients(variant, impl):
+  grads_on, jaxpr_on = _loss_and_jaxpr(variant, "on", impl)
+  grads_off, jaxpr_off = _loss_and_jaxpr(variant, "off", impl)
   assert "custom_jvp_call" in jaxpr_on          # the rules are really used ...
   assert "custom_jvp_call" not in jaxpr_off     # ... and "off" is plain autodiff
+  assert ("pallas_call" in jaxpr_on) == (impl == "fused") and "pallas_call" not in jaxpr_off
   assert jax.tree.structure(grads_on) == jax.tree.structure(grads_off)
   for on, off in zip(jax.tree.leaves(grads_on), jax.tree.leaves(grads_off)):
     np.testing.assert_allclose(on, off, rtol=1e-4, atol=1e-6)
@@ -91,7 +93,8 @@ def test_auto_applies_each_rule_on_its_platform_and_a_nonzero_slope_keeps_leaky_
   with grad_rules.chosen("auto"):
     for platform in ("cpu", "gpu", "tpu"):
       with target_platform.compiling_for(platform):
-        assert grad_rules.enabled("relu") == grad_rules.enabled("split") == (platform == "gpu")
+        assert (grad_rules.enabled("relu") == grad_rules.enabled("split")
+                == grad_rules.enabled("combine") == (platform == "gpu"))
         assert grad_rules.enabled("dense") == grad_rules.enabled("gains") == (platform == "cpu")
   with grad_rules.chosen("on"):
     jaxpr = str(jax.make_jaxpr(lambda x: grad_rules.leaky_relu(x, 0.1))(jnp.ones(3)))

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from simplified_flax.model import attention_kernels
+from simplified_flax.model import combine_kernel
 from simplified_flax.model import grad_rules
 from simplified_flax.model import masks
 from simplified_flax.model import target_platform
@@ -178,8 +179,19 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
     simple_causal = causal and unmasked and Tq == Tk and jnp.ndim(query_offset) == 0
     mask = (None if simple_causal or (unmasked and not causal)
             else masks.attention_mask(Tq, Tk, **where))
+    combine_kernels = (centre_gain is not None and simple_causal
+                       and grad_rules.enabled("combine") and combine_kernel.supported(v))
+    if combine_kernels:
+      q, k, v = combine_kernel.split_as_the_kernels(q, k, v)
     attended_BQHd = attention_kernels.dot_product_attention(q, k, v, mask=mask,
                                                            is_causal=simple_causal)
+    if combine_kernels:
+      head_vector = lambda g: jnp.broadcast_to(
+          jnp.asarray(0.0 if g is None else g, jnp.float32).reshape(-1), (q.shape[2],))
+      return combine_kernel.causal_combine(   # the Triton kernels; elsewhere interpreted
+          attended_BQHd, v, head_vector(resid_gain), head_vector(skip_gain),
+          head_vector(centre_gain), skip_gain is not None,
+          target_platform.current() != "gpu")
     terms = []
     if skip_gain is not None:
       terms.append((skip_gain, masks.take_queries(v, Tq, query_offset)))

@@ -116,18 +116,26 @@ def mesh_split(axes, batch: int, num_heads: int) -> Tuple[Tuple[str, ...], Tuple
 def _splash(q_BTHd, k_BTHd, v_BTHd, *, is_causal: bool, interpret: bool):
   """The splash kernel (a custom call XLA cannot partition), `shard_map`ped over the ambient
   mesh's automatic axes if any (under `jax.pmap` or on one device it runs as it is)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  axes = () if mesh.empty else tuple(
-      (name, size) for name, size, kind in zip(mesh.axis_names, mesh.axis_sizes,
-                                               mesh.axis_types) if kind != AxisType.Manual)
   local = functools.partial(_splash_local, is_causal=is_causal, interpret=interpret)
-  if not axes or all(size == 1 for _, size in axes):
+  mesh, axes = ambient_axes()
+  if not axes:
     return local(q_BTHd, k_BTHd, v_BTHd)
   batch_axes, head_axes = mesh_split(axes, q_BTHd.shape[0], q_BTHd.shape[2])
   spec = P(batch_axes or None, None, head_axes or None, None)
   return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
                        axis_names=frozenset(name for name, _ in axes),
                        check_vma=False)(q_BTHd, k_BTHd, v_BTHd)
+
+
+def ambient_axes():
+  """(the ambient abstract mesh, its automatic axes as ((name, size), ...) in mesh order),
+  the axes () when none has size > 1: what a kernel XLA cannot partition is `shard_map`ped
+  over (under `jax.pmap` or on one device it runs as it is)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  axes = () if mesh.empty else tuple(
+      (name, size) for name, size, kind in zip(mesh.axis_names, mesh.axis_sizes,
+                                               mesh.axis_types) if kind != AxisType.Manual)
+  return mesh, (axes if any(size > 1 for _, size in axes) else ())
 
 
 def _splash_local(q_BTHd, k_BTHd, v_BTHd, *, is_causal: bool, interpret: bool):

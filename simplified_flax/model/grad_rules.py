@@ -18,6 +18,12 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          and SAS-P at the paper's shape on an H200; Pre-LN, whose value GEMM XLA merges with
          c_attn, unchanged). A barrier in the forward would cost more: the bias add could no
          longer fuse into the split.
+  combine (GPU) the fused form's causal combine `beta A v + alpha v - gamma C v` and its
+         backward as one Pallas kernel each (`combine_kernel.py`): C v and C^T g stay in
+         registers and the gain gradients are the backward's row sums, where XLA:GPU writes
+         the float32 C v out and reads it back in kernels of its own (-2.8 GB per step for
+         SAS-P at the paper's shape on an H200; float32 round-off). Where "on" applies it
+         off a GPU, the kernels run in Pallas interpret mode (slow; for tests).
 
 The mode is chosen once: "auto" applies each rule on the platform named above, where it was
 measured to help (the platform the step is compiled for); "on" applies all; "off" none
@@ -36,7 +42,7 @@ from simplified_flax.model import target_platform
 
 MODES = ("auto", "on", "off")
 # Where "auto" applies each rule.
-AUTO_PLATFORM = {"dense": "cpu", "gains": "cpu", "relu": "gpu", "split": "gpu"}
+AUTO_PLATFORM = {"dense": "cpu", "gains": "cpu", "relu": "gpu", "split": "gpu", "combine": "gpu"}
 _MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
 
 

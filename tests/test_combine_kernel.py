@@ -1,0 +1,66 @@
+"""The causal combine's Pallas kernels (`model/combine_kernel.py`, the `combine` rule of
+`model.grad_rules`), run in interpret mode on the CPU: values and every gradient as the XLA
+form of Eq. (6), to float32 round-off (bfloat16: one rounding of the result)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from simplified_flax.model import attention
+from simplified_flax.model import combine_kernel
+from simplified_flax.model import grad_rules
+
+B, H, D = 2, 3, 16
+
+
+def _inputs(T, dtype):
+  keys = jax.random.split(jax.random.key(0), 6)
+  av, v, cotangent = (jax.random.normal(k, (B, T, H, D)).astype(dtype) for k in keys[:3])
+  gains = [jax.random.normal(k, (H,)) for k in keys[3:]]
+  return av, v, gains, cotangent
+
+
+def _xla_combine(T, has_skip):
+  def combine(av, v, resid, skip, centre):
+    terms = [(skip, v)] if has_skip else []
+    terms.append((centre, -attention.centred_values(v, causal=True, num_queries=T)))
+    return attention.combine_fused_terms(av, resid, terms)
+  return combine
+
+
+@pytest.mark.parametrize("T,has_skip", [(64, True), (16, False)])   # two chunks; one short one
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_kernels_give_the_xla_combine_and_its_gradients(T, has_skip, dtype):
+  av, v, gains, cotangent = _inputs(T, dtype)
+  kernel = lambda *args: combine_kernel.causal_combine(*args, has_skip, True)
+  want, want_vjp = jax.vjp(_xla_combine(T, has_skip), av, v, *gains)
+  got, got_vjp = jax.vjp(kernel, av, v, *gains)
+  assert got.dtype == want.dtype == dtype
+  one_rounding = 0 if dtype == jnp.float32 else 2.0 ** -7   # bfloat16's relative step
+  np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=one_rounding, atol=1e-5)
+  names = ("d(A v)", "dv", "d resid", "d skip", "d centre")
+  for name, g, w in zip(names, got_vjp(cotangent), want_vjp(cotangent)):
+    if name == "d skip" and not has_skip:
+      np.testing.assert_array_equal(g, 0.0)
+      continue
+    scale = np.abs(np.float32(w)).max()
+    tol = one_rounding * scale if g.ndim == 4 else 1e-5 * scale
+    np.testing.assert_allclose(np.float32(g), np.float32(w), rtol=0, atol=tol + 1e-6,
+                               err_msg=name)
+
+
+def test_shaped_attention_takes_the_kernels_only_for_the_plain_causal_mean_under_the_rule():
+  q = k = v = jnp.ones((1, 32, 2, 8))
+  gains = dict(resid_gain=1.0, skip_gain=jnp.array([0.5, 1.0]), centre_gain=1.0)
+  with grad_rules.chosen("on"):
+    on = str(jax.make_jaxpr(lambda q, k, v: attention.shaped_attention(
+        q, k, v, impl="fused", causal=True, **gains))(q, k, v))
+    padded = str(jax.make_jaxpr(lambda q, k, v: attention.shaped_attention(
+        q, k, v, impl="fused", causal=True, key_mask=jnp.ones((1, 32), bool), **gains))(q, k, v))
+  with grad_rules.chosen("off"):
+    off = str(jax.make_jaxpr(lambda q, k, v: attention.shaped_attention(
+        q, k, v, impl="fused", causal=True, **gains))(q, k, v))
+  assert "pallas_call" in on and "pallas_call" not in padded and "pallas_call" not in off
+  assert combine_kernel.supported(jnp.ones((1, 96, 2, 8)))
+  assert not combine_kernel.supported(jnp.ones((1, 24, 2, 8)))   # no chunk divides 24
+  assert not combine_kernel.supported(jnp.ones((1, 32, 2, 12)))  # d not a power of two
