@@ -179,8 +179,10 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
     simple_causal = causal and unmasked and Tq == Tk and jnp.ndim(query_offset) == 0
     mask = (None if simple_causal or (unmasked and not causal)
             else masks.attention_mask(Tq, Tk, **where))
+    on_gpu = target_platform.current() == "gpu"
     combine_kernels = (centre_gain is not None and simple_causal
-                       and grad_rules.enabled("combine") and combine_kernel.supported(v))
+                       and grad_rules.enabled("combine") and combine_kernel.supported(
+                           v, min_programs=combine_kernel.MIN_PROGRAMS if on_gpu else 1))
     if combine_kernels:
       q, k, v = combine_kernel.split_as_the_kernels(q, k, v)
     attended_BQHd = attention_kernels.dot_product_attention(q, k, v, mask=mask,
@@ -190,8 +192,7 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
           jnp.asarray(0.0 if g is None else g, jnp.float32).reshape(-1), (q.shape[2],))
       return combine_kernel.causal_combine(   # the Triton kernels; elsewhere interpreted
           attended_BQHd, v, head_vector(resid_gain), head_vector(skip_gain),
-          head_vector(centre_gain), skip_gain is not None,
-          target_platform.current() != "gpu")
+          head_vector(centre_gain), skip_gain is not None, not on_gpu)
     terms = []
     if skip_gain is not None:
       terms.append((skip_gain, masks.take_queries(v, Tq, query_offset)))

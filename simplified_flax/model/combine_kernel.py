@@ -27,6 +27,11 @@ from jax.sharding import PartitionSpec as P
 from simplified_flax.model import attention_kernels
 
 CHUNK = 32   # times per step of the running sum: [CHUNK, d] float32 tiles stay in registers
+# The fewest (sequence, head) programs that take the kernels: each program walks its times one
+# chunk after another, so a few long sequences (batch 1 at T = 16,384: 12 programs) would leave
+# most of a GPU idle where XLA's cumulative sum spreads the times over it. 264 = 2 per SM of
+# an H100 or H200 (the paper's shape has 128 x 12 = 1,536).
+MIN_PROGRAMS = 264
 
 
 def chunk_of(T: int) -> int | None:
@@ -37,12 +42,13 @@ def chunk_of(T: int) -> int | None:
   return T if T < CHUNK and T & (T - 1) == 0 else None
 
 
-def supported(v_BTHd) -> bool:
+def supported(v_BTHd, *, min_programs: int = MIN_PROGRAMS) -> bool:
   """Whether the kernels take these values (the plain causal mean: no padding, packing or
-  offset queries, which the caller checks): a chunk of times divides T and d is a power of
-  two (Triton's tiles)."""
-  d = v_BTHd.shape[3]
-  return chunk_of(v_BTHd.shape[1]) is not None and d & (d - 1) == 0
+  offset queries, which the caller checks): a chunk of times divides T, d is a power of two
+  (Triton's tiles) and there are at least `min_programs` (sequence, head) pairs (1 where the
+  kernels are interpreted: occupancy is a GPU's concern)."""
+  B, T, H, d = v_BTHd.shape
+  return chunk_of(T) is not None and d & (d - 1) == 0 and B * H >= min_programs
 
 
 def _chunk_positions(i, chunk):
