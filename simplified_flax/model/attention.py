@@ -161,7 +161,7 @@ def combine_fused_terms(attended_BQHd, resid, terms):
 
 def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: bool,
                      key_mask=None, segment_ids=None, query_offset=0, impl: Impl = "explicit",
-                     logit_soft_cap=None, return_probs: bool = False):
+                     logit_soft_cap=None, return_probs: bool = False, out_gain=None):
   """Shaped attention `A' v` [B, Q, H, d] in v's dtype, in either form; `key_mask` [B, K] is
   True on real tokens. `return_probs` (explicit only) also returns the float32 softmax A
   [B, H, Q, K]. Both forms agree to float32 round-off, gradients included."""
@@ -187,8 +187,9 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
       q, k, v = combine_kernel.split_as_the_kernels(q, k, v)
     attended_BQHd = attention_kernels.dot_product_attention(q, k, v, mask=mask,
                                                            is_causal=simple_causal)
-    if combine_kernels:
-      head_vector = lambda g: jnp.broadcast_to(
+    if combine_kernels:   # out_gain folded into the kernels' gains
+      scale = 1.0 if out_gain is None else jnp.asarray(out_gain, jnp.float32)
+      head_vector = lambda g: scale * jnp.broadcast_to(
           jnp.asarray(0.0 if g is None else g, jnp.float32).reshape(-1), (q.shape[2],))
       return combine_kernel.causal_combine(   # the Triton kernels; elsewhere interpreted
           attended_BQHd, v, head_vector(resid_gain), head_vector(skip_gain),
@@ -198,7 +199,7 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
       terms.append((skip_gain, masks.take_queries(v, Tq, query_offset)))
     if centre_gain is not None:
       terms.append((centre_gain, -centred_values(v, num_queries=Tq, **where)))
-    return combine_fused_terms(attended_BQHd, resid_gain, terms)
+    return _times(out_gain, combine_fused_terms(attended_BQHd, resid_gain, terms))
 
   mask = masks.attention_mask(Tq, Tk, **where)
   logits_BHQK = jnp.where(mask, attention_logits(q, k, logit_soft_cap=logit_soft_cap),
@@ -213,8 +214,13 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
     terms.append((head_vector(centre_gain), -centering_matrix_from_mask(mask)))
   shape = _fast_shape_attention_matrix if grad_rules.enabled("gains") else shape_attention_matrix
   shaped_BHQK, probs_BHQK = shape(logits_BHQK, head_vector(resid_gain), terms)
-  out_BQHd = jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v)
+  out_BQHd = _times(out_gain, jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v))
   return (out_BQHd, probs_BHQK) if return_probs else out_BQHd
+
+
+def _times(gain, out_BQHd):
+  """`gain * out` as the caller would have taken it (float32 for a float32 gain), or out."""
+  return out_BQHd if gain is None else gain * out_BQHd
 
 
 def attention(q, k, v, *, resid_gain=1.0, **kwargs):

@@ -40,7 +40,8 @@ class AttentionSubBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x_BTD, anchors: Dict[str, jax.Array], *, key_mask=None, segment_ids=None,
-               cache_index=None, lengths=None):
+               cache_index=None, lengths=None, out_gain=None):
+    """`out_gain` (a scalar, with the identity projection only): the output times it."""
     m = self.cfg
     B, T, D = x_BTD.shape
     H = m.n_head
@@ -70,7 +71,7 @@ class AttentionSubBlock(nn.Module):
       explicit = impl == "explicit"   # which alone can return A, for diagnostics
       out_BTHd = attention.shaped_attention(
           q_BTHd, k_BTHd, v_BTHd, **attn_args, causal=self.causal, key_mask=key_mask,
-          segment_ids=segment_ids, impl=impl, return_probs=explicit)
+          segment_ids=segment_ids, impl=impl, return_probs=explicit, out_gain=out_gain)
       if explicit:
         out_BTHd, probs_BHTT = out_BTHd
         self.sow("intermediates", "attn_probs", probs_BHTT)
@@ -125,19 +126,25 @@ class Block(nn.Module):
     attn = AttentionSubBlock(m, self.layer, self.causal, self.dtype, name="attn")
     mlp = layers.MLP(m, self.dtype, name="mlp")
     drop = nn.Dropout(m.dropout_rate, deterministic=not train)
-    attn_fn = lambda h: drop(attn(h, anchors, key_mask=key_mask, segment_ids=segment_ids,
-                                  cache_index=cache_index, lengths=lengths))
-    mlp_fn = lambda h: drop(mlp(h))
-
     block_gain = lambda name, kind: layers.gain(self, name, m[name],
                                                 m[f"trainable_{kind}_block_gains"])
     attn_resid = block_gain("attn_block_resid_gain", "attn")
     mlp_resid = block_gain("mlp_block_resid_gain", "mlp")
+    # Where nothing lies between the attention and its block gain (no projection, no dropout,
+    # no cache), the sub-block applies the gain itself: the fused form's kernels then fold it
+    # into theirs, so that the backward reads the block's gradient, not a scaled copy of it.
+    fold = (cache_index is None and (m.dropout_rate == 0 or not train)
+            and valproj.proj_settings(m, self.layer).form == "identity")
+    attn_fn = lambda h: drop(attn(h, anchors, key_mask=key_mask, segment_ids=segment_ids,
+                                  cache_index=cache_index, lengths=lengths,
+                                  out_gain=attn_resid if fold else None))
+    mlp_fn = lambda h: drop(mlp(h))
+    attn_resid_outside = 1.0 if fold else attn_resid
     if m.parallel_layers:   # Eq. (2)
       h_BTD = norm1(x_BTD)
       if m.norm_type != "none":
         norm2(h_BTD)   # created, unread: see the class docstring
-      out_BTD = mlp_resid * mlp_fn(h_BTD) + attn_resid * attn_fn(h_BTD)
+      out_BTD = mlp_resid * mlp_fn(h_BTD) + attn_resid_outside * attn_fn(h_BTD)
       if m.mlp_block_skip_gain == 0:
         return out_BTD.astype(self.dtype)
       out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD   # never trainable in this form
@@ -145,7 +152,7 @@ class Block(nn.Module):
 
     # Sequential, Eq. (1), with the norm placed per norm_position; a zero skip is omitted.
     assert m.norm_position in ("pre", "post"), m.norm_position
-    for kind, norm, branch, resid in (("attn", norm1, attn_fn, attn_resid),
+    for kind, norm, branch, resid in (("attn", norm1, attn_fn, attn_resid_outside),
                                       ("mlp", norm2, mlp_fn, mlp_resid)):
       if m.norm_position == "post":
         x_BTD = norm(x_BTD)
