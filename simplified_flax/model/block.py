@@ -146,7 +146,9 @@ class Block(nn.Module):
         norm2(h_BTD)   # created, unread: see the class docstring
       out_BTD = mlp_resid * mlp_fn(h_BTD) + attn_resid_outside * attn_fn(h_BTD)
       if m.mlp_block_skip_gain == 0:
-        return out_BTD.astype(self.dtype)
+        # Held on GPUs: the next norm's backward then reads the block's output, not both
+        # branches again (-0.19 ms for SAS-P on an H200 at the paper shape; TPUs unmeasured).
+        return layers.in_dtype(out_BTD, self.dtype, platforms=("gpu",))
       out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD   # never trainable in this form
       return layers.in_dtype(out_BTD, self.dtype)
 

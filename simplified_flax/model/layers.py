@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from simplified_flax.model import grad_rules
 from simplified_flax.model import quantize
+from simplified_flax.model import target_platform
 
 NORM_TYPES = ("ln", "rmsnorm", "none")
 INIT_TYPES = ("normal", "orth", "id")
@@ -36,13 +37,16 @@ class RMSNorm(nn.Module):
     return (scale * x32 / (rms + self.eps)).astype(self.dtype)
 
 
-def in_dtype(x, dtype) -> jax.Array:
+def in_dtype(x, dtype, *, platforms=None) -> jax.Array:
   """`x.astype(dtype)`, held there: a narrower `dtype` is really stored. XLA's excess-precision
   rewrite would otherwise drop the rounding of a value that is cast back up (the residual
   stream into the next norm) and move it, forward and backward, in float32: the same maths at
-  twice the bytes. The barrier keeps the rounding the code asks for; in float32 it is a no-op."""
+  twice the bytes. The barrier keeps the rounding the code asks for; in float32 it is a no-op.
+  `platforms`: hold it only when compiling for one of these (None: everywhere)."""
   x = x.astype(dtype)
-  return x if x.dtype == jnp.float32 else jax.lax.optimization_barrier(x)
+  if x.dtype == jnp.float32 or (platforms and target_platform.current() not in platforms):
+    return x
+  return jax.lax.optimization_barrier(x)
 
 
 def make_norm(norm_type: str, eps: float, dtype, name: str) -> Callable:
