@@ -131,10 +131,13 @@ class Block(nn.Module):
     attn_resid = block_gain("attn_block_resid_gain", "attn")
     mlp_resid = block_gain("mlp_block_resid_gain", "mlp")
     # Where nothing lies between the attention and its block gain (no projection, no dropout,
-    # no cache), the sub-block applies the gain itself: the fused form's kernels then fold it
-    # into theirs, so that the backward reads the block's gradient, not a scaled copy of it.
+    # no cache), the sub-block applies the gain itself under the combine rule: the fused
+    # form's kernels then fold it into theirs, so that the backward reads the block's
+    # gradient, not a scaled copy of it. (Elsewhere the product stays here: on a TPU, taken
+    # over [B, T, H, d] it moved 3.6% more bytes.)
     fold = (cache_index is None and (m.dropout_rate == 0 or not train)
-            and valproj.proj_settings(m, self.layer).form == "identity")
+            and valproj.proj_settings(m, self.layer).form == "identity"
+            and grad_rules.enabled("combine"))
     attn_fn = lambda h: drop(attn(h, anchors, key_mask=key_mask, segment_ids=segment_ids,
                                   cache_index=cache_index, lengths=lengths,
                                   out_gain=attn_resid if fold else None))
