@@ -104,7 +104,8 @@ def model_config() -> ml_collections.ConfigDict:
   m.vocab_pad_multiple = 1
   # The chunked loss's backward reads the logits its forward kept (in the compute dtype: the
   # [tokens, V] logits at 2 bytes each in bfloat16); False recomputes them chunk by chunk,
-  # holding one chunk at a time, for one more head matmul. Same values and gradients.
+  # holding one chunk at a time, for one more head matmul. Same values and gradients (to
+  # float32 round-off). Kept, the training step takes the whole vocabulary as one chunk.
   m.loss_keep_logits = True
   return m
 

@@ -128,7 +128,9 @@ def test_bad_head_settings_are_one_clear_error(field, value):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kept_and_recomputed_logits_give_the_same_loss_and_gradients(dtype):
-  """`model.loss_keep_logits` trades memory for a head matmul, never a value."""
+  """`model.loss_keep_logits` trades memory for a head matmul, never a value beyond round-off
+  (the kept path takes the vocabulary as one chunk, the recomputed path in chunks: the sums
+  are ordered differently)."""
   N, D, V = 48, 32, 300
   keys = jax.random.split(jax.random.PRNGKey(1), 3)
   hidden_ND = jax.random.normal(keys[0], (N, D)).astype(dtype)
@@ -141,9 +143,11 @@ def test_kept_and_recomputed_logits_give_the_same_loss_and_gradients(dtype):
     loss = lambda h, table: jnp.sum(
         chunked_loss.cross_entropy_N(h, table, targets_N, head) * weights_N)
     results.append(jax.jit(jax.value_and_grad(loss, (0, 1)))(hidden_ND, table_VD))
-  for kept, recomputed in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+  (kept_loss, kept_grads), (recomputed_loss, recomputed_grads) = results
+  assert _rel(kept_loss, recomputed_loss) < 1e-6
+  for kept, recomputed in zip(kept_grads, recomputed_grads):
     assert kept.dtype == recomputed.dtype
-    np.testing.assert_array_equal(kept, recomputed)
+    assert _rel(kept, recomputed) < (1e-6 if dtype == "float32" else 1e-3)
   assert chunked_loss.HeadSpec.from_config(_config("preln", dtype).model, dtype).keep_logits
   config = _config("preln", dtype, loss_keep_logits=False)
   assert not chunked_loss.HeadSpec.from_config(config.model, dtype).keep_logits
