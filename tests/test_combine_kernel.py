@@ -13,36 +13,49 @@ from simplified_flax.model import grad_rules
 B, H, D = 2, 3, 16
 
 
-def _inputs(T, dtype):
-  keys = jax.random.split(jax.random.key(0), 6)
+def _inputs(T, dtype, with_addend):
+  keys = jax.random.split(jax.random.key(0), 8)
   av, v, cotangent = (jax.random.normal(k, (B, T, H, D)).astype(dtype) for k in keys[:3])
-  gains = [jax.random.normal(k, (H,)) for k in keys[3:]]
+  gains = [jax.random.normal(k, (H,)) for k in keys[3:6]]
+  if with_addend:   # a parallel block's other branch and its scalar gain
+    gains += [jax.random.normal(keys[6], ()),
+              jax.random.normal(keys[7], (B, T, H, D)).astype(dtype)]
   return av, v, gains, cotangent
 
 
 def _xla_combine(T, has_skip):
-  def combine(av, v, resid, skip, centre):
+  def combine(av, v, resid, skip, centre, *addend):
     terms = [(skip, v)] if has_skip else []
     terms.append((centre, -attention.centred_values(v, causal=True, num_queries=T)))
+    if addend:   # summed before the one rounding, as the kernels do
+      terms.append(tuple(addend))
     return attention.combine_fused_terms(av, resid, terms)
   return combine
 
 
-@pytest.mark.parametrize("T,has_skip", [(64, True), (16, False)])   # two chunks; one short one
+def _kernels(has_skip):
+  def combine(av, v, resid, skip, centre, *addend):
+    return combine_kernel.causal_combine(av, v, resid, skip, centre, has_skip, True,
+                                         tuple(addend) if addend else None)
+  return combine
+
+
+# two chunks with the skip and an addend; one short chunk with neither
+@pytest.mark.parametrize("T,has_skip,with_addend", [(64, True, True), (16, False, False)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_the_kernels_give_the_xla_combine_and_its_gradients(T, has_skip, dtype):
-  av, v, gains, cotangent = _inputs(T, dtype)
-  kernel = lambda *args: combine_kernel.causal_combine(*args, has_skip, True)
+def test_the_kernels_give_the_xla_combine_and_its_gradients(T, has_skip, with_addend, dtype):
+  av, v, gains, cotangent = _inputs(T, dtype, with_addend)
   want, want_vjp = jax.vjp(_xla_combine(T, has_skip), av, v, *gains)
-  got, got_vjp = jax.vjp(kernel, av, v, *gains)
+  got, got_vjp = jax.vjp(_kernels(has_skip), av, v, *gains)
   assert got.dtype == want.dtype == dtype
   one_rounding = 0 if dtype == jnp.float32 else 2.0 ** -7   # bfloat16's relative step
   np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=one_rounding, atol=1e-5)
-  names = ("d(A v)", "dv", "d resid", "d skip", "d centre")
+  names = ("d(A v)", "dv", "d resid", "d skip", "d centre", "d addend gain", "d addend")
   for name, g, w in zip(names, got_vjp(cotangent), want_vjp(cotangent)):
     if name == "d skip" and not has_skip:
       np.testing.assert_array_equal(g, 0.0)
       continue
+    assert g.shape == w.shape and g.dtype == w.dtype, name
     scale = np.abs(np.float32(w)).max()
     tol = one_rounding * scale if g.ndim == 4 else 1e-5 * scale
     np.testing.assert_allclose(np.float32(g), np.float32(w), rtol=0, atol=tol + 1e-6,

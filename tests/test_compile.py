@@ -68,8 +68,8 @@ def test_a_gpu_program_calls_cudnn_attention(gpu_steps):
 
 
 def test_the_combine_kernels_compile_for_a_gpu_as_triton_calls():
-  """The causal combine's Pallas kernels, forward and backward, through XLA:GPU's Triton
-  compiler for an H100 (a tiny model has too few (sequence, head) programs to take them)."""
+  """The causal combine's Pallas kernels, forward and backward, without and with a parallel
+  block's addend, through XLA:GPU's Triton compiler for an H100 (a tiny model has too few (sequence, head) programs to take them)."""
   _needs("gpu")
   from simplified_flax.model import combine_kernel  # pylint: disable=import-outside-toplevel
   device = targets.topology_devices(targets.parse("h100"))[0]
@@ -78,14 +78,16 @@ def test_the_combine_kernels_compile_for_a_gpu_as_triton_calls():
       shape, jnp.bfloat16 if len(shape) == 4 else jnp.float32,
       sharding=jax.sharding.SingleDeviceSharding(device))
 
-  def loss(av, v, resid, skip, centre):
-    out = combine_kernel.causal_combine(av, v, resid, skip, centre, True, False)
-    return jnp.sum(out.astype(jnp.float32) ** 2)
+  def loss(av, v, resid, skip, centre, addend_gain, addend):   # sequential and parallel forms
+    sequential = combine_kernel.causal_combine(av, v, resid, skip, centre, True, False)
+    parallel = combine_kernel.causal_combine(av, v, resid, skip, centre, True, False,
+                                             (addend_gain, addend))
+    return sum(jnp.sum(out.astype(jnp.float32) ** 2) for out in (sequential, parallel))
 
-  grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
-  hlo = grad.trace(spec(B, T, H, d), spec(B, T, H, d), spec(H), spec(H), spec(H)).lower(
-      lowering_platforms=("cuda",)).compile().as_text()
-  assert hlo.count('custom_call_target="__gpu$xla.gpu.triton"') == 2
+  grad = jax.jit(jax.grad(loss, argnums=tuple(range(7))))
+  hlo = grad.trace(spec(B, T, H, d), spec(B, T, H, d), spec(H), spec(H), spec(H), spec(),
+                   spec(B, T, H, d)).lower(lowering_platforms=("cuda",)).compile().as_text()
+  assert hlo.count('custom_call_target="__gpu$xla.gpu.triton"') == 4
 
 
 def test_the_json_report_has_every_key_and_consistent_figures(tpu_steps, gpu_steps):

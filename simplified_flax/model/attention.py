@@ -161,10 +161,14 @@ def combine_fused_terms(attended_BQHd, resid, terms):
 
 def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: bool,
                      key_mask=None, segment_ids=None, query_offset=0, impl: Impl = "explicit",
-                     logit_soft_cap=None, return_probs: bool = False, out_gain=None):
+                     logit_soft_cap=None, return_probs: bool = False, out_gain=None,
+                     addend=None):
   """Shaped attention `A' v` [B, Q, H, d] in v's dtype, in either form; `key_mask` [B, K] is
   True on real tokens. `return_probs` (explicit only) also returns the float32 softmax A
-  [B, H, Q, K]. Both forms agree to float32 round-off, gradients included."""
+  [B, H, Q, K]. Both forms agree to float32 round-off, gradients included. `out_gain`: the
+  result times it. `addend` (gain, values [B, Q, H, d]): `gain * values + ` the result (a
+  parallel block's sum), which the combine's kernels take before their one rounding (then in
+  v's dtype; elsewhere as the product's dtype)."""
   if impl not in IMPLS:
     raise ValueError(f"Unknown attention impl {impl!r}; expected one of {IMPLS}.")
   if impl == "fused" and (return_probs or logit_soft_cap is not None):
@@ -185,6 +189,8 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
                            v, min_programs=combine_kernel.MIN_PROGRAMS if on_gpu else 1))
     if combine_kernels:
       q, k, v = combine_kernel.split_as_the_kernels(q, k, v)
+      if addend is not None:
+        addend = (addend[0], *combine_kernel.split_as_the_kernels(addend[1]))
     attended_BQHd = attention_kernels.dot_product_attention(q, k, v, mask=mask,
                                                            is_causal=simple_causal)
     if combine_kernels:   # out_gain folded into the kernels' gains
@@ -193,13 +199,13 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
           jnp.asarray(0.0 if g is None else g, jnp.float32).reshape(-1), (q.shape[2],))
       return combine_kernel.causal_combine(   # the Triton kernels; elsewhere interpreted
           attended_BQHd, v, head_vector(resid_gain), head_vector(skip_gain),
-          head_vector(centre_gain), skip_gain is not None, not on_gpu)
+          head_vector(centre_gain), skip_gain is not None, not on_gpu, addend)
     terms = []
     if skip_gain is not None:
       terms.append((skip_gain, masks.take_queries(v, Tq, query_offset)))
     if centre_gain is not None:
       terms.append((centre_gain, -centred_values(v, num_queries=Tq, **where)))
-    return _times(out_gain, combine_fused_terms(attended_BQHd, resid_gain, terms))
+    return _plus(addend, _times(out_gain, combine_fused_terms(attended_BQHd, resid_gain, terms)))
 
   mask = masks.attention_mask(Tq, Tk, **where)
   logits_BHQK = jnp.where(mask, attention_logits(q, k, logit_soft_cap=logit_soft_cap),
@@ -215,12 +221,19 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
   shape = _fast_shape_attention_matrix if grad_rules.enabled("gains") else shape_attention_matrix
   shaped_BHQK, probs_BHQK = shape(logits_BHQK, head_vector(resid_gain), terms)
   out_BQHd = _times(out_gain, jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v))
+  out_BQHd = _plus(addend, out_BQHd)
   return (out_BQHd, probs_BHQK) if return_probs else out_BQHd
 
 
 def _times(gain, out_BQHd):
   """`gain * out` as the caller would have taken it (float32 for a float32 gain), or out."""
   return out_BQHd if gain is None else gain * out_BQHd
+
+
+def _plus(addend, out_BQHd):
+  """`gain * values + out` for the addend (gain, values), as the caller would have taken it; or
+  out."""
+  return out_BQHd if addend is None else addend[0] * addend[1] + out_BQHd
 
 
 def attention(q, k, v, *, resid_gain=1.0, **kwargs):

@@ -40,8 +40,9 @@ class AttentionSubBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x_BTD, anchors: Dict[str, jax.Array], *, key_mask=None, segment_ids=None,
-               cache_index=None, lengths=None, out_gain=None):
-    """`out_gain` (a scalar, with the identity projection only): the output times it."""
+               cache_index=None, lengths=None, out_gain=None, addend=None):
+    """With the identity projection only: `out_gain` (a scalar), the output times it;
+    `addend` (a scalar gain, values [B, T, D]), `gain * values` plus the output."""
     m = self.cfg
     B, T, D = x_BTD.shape
     H = m.n_head
@@ -71,7 +72,8 @@ class AttentionSubBlock(nn.Module):
       explicit = impl == "explicit"   # which alone can return A, for diagnostics
       out_BTHd = attention.shaped_attention(
           q_BTHd, k_BTHd, v_BTHd, **attn_args, causal=self.causal, key_mask=key_mask,
-          segment_ids=segment_ids, impl=impl, return_probs=explicit, out_gain=out_gain)
+          segment_ids=segment_ids, impl=impl, return_probs=explicit, out_gain=out_gain,
+          addend=None if addend is None else (addend[0], addend[1].reshape(B, T, H, D // H)))
       if explicit:
         out_BTHd, probs_BHTT = out_BTHd
         self.sow("intermediates", "attn_probs", probs_BHTT)
@@ -134,20 +136,23 @@ class Block(nn.Module):
     # no cache), the sub-block applies the gain itself under the combine rule: the fused
     # form's kernels then fold it into theirs, so that the backward reads the block's
     # gradient, not a scaled copy of it. (Elsewhere the product stays here: on a TPU, taken
-    # over [B, T, H, d] it moved 3.6% more bytes.)
+    # over [B, T, H, d] it moved 3.6% more bytes.) A parallel block gives it its sum as well.
     fold = (cache_index is None and (m.dropout_rate == 0 or not train)
             and valproj.proj_settings(m, self.layer).form == "identity"
             and grad_rules.enabled("combine"))
-    attn_fn = lambda h: drop(attn(h, anchors, key_mask=key_mask, segment_ids=segment_ids,
-                                  cache_index=cache_index, lengths=lengths,
-                                  out_gain=attn_resid if fold else None))
+    attn_fn = lambda h, addend=None: drop(attn(
+        h, anchors, key_mask=key_mask, segment_ids=segment_ids, cache_index=cache_index,
+        lengths=lengths, out_gain=attn_resid if fold else None, addend=addend))
     mlp_fn = lambda h: drop(mlp(h))
     attn_resid_outside = 1.0 if fold else attn_resid
     if m.parallel_layers:   # Eq. (2)
       h_BTD = norm1(x_BTD)
       if m.norm_type != "none":
         norm2(h_BTD)   # created, unread: see the class docstring
-      out_BTD = mlp_resid * mlp_fn(h_BTD) + attn_resid_outside * attn_fn(h_BTD)
+      if fold:   # the sum too: the combine's kernels then take it in theirs (one write)
+        out_BTD = attn_fn(h_BTD, addend=(mlp_resid, mlp_fn(h_BTD)))
+      else:
+        out_BTD = mlp_resid * mlp_fn(h_BTD) + attn_resid_outside * attn_fn(h_BTD)
       if m.mlp_block_skip_gain == 0:
         # Held on GPUs: the next norm's backward then reads the block's output, not both
         # branches again (-0.19 ms for SAS-P on an H200 at the paper shape; TPUs unmeasured).

@@ -22,7 +22,8 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          backward as one Pallas kernel each (`combine_kernel.py`): C v and C^T g stay in
          registers and the gain gradients are the backward's row sums, where XLA:GPU writes
          the float32 C v out and reads it back in kernels of its own (-2.8 GB per step for
-         SAS-P at the paper's shape on an H200; float32 round-off). Where "on" applies it
+         SAS-P at the paper's shape on an H200; float32 round-off); in a parallel block
+         the kernels also take the block's sum with the MLP branch. Where "on" applies it
          off a GPU, the kernels run in Pallas interpret mode (slow; for tests).
 
 The mode is chosen once: "auto" applies each rule on the platform named above, where it was
