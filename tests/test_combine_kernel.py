@@ -14,12 +14,11 @@ B, H, D = 2, 3, 16
 
 
 def _inputs(T, dtype, with_addend):
-  keys = jax.random.split(jax.random.key(0), 8)
+  keys = jax.random.split(jax.random.key(0), 7)
   av, v, cotangent = (jax.random.normal(k, (B, T, H, D)).astype(dtype) for k in keys[:3])
   gains = [jax.random.normal(k, (H,)) for k in keys[3:6]]
-  if with_addend:   # a parallel block's other branch and its scalar gain
-    gains += [jax.random.normal(keys[6], ()),
-              jax.random.normal(keys[7], (B, T, H, D)).astype(dtype)]
+  if with_addend:   # a parallel block's other branch
+    gains.append(jax.random.normal(keys[6], (B, T, H, D)).astype(dtype))
   return av, v, gains, cotangent
 
 
@@ -28,15 +27,14 @@ def _xla_combine(T, has_skip):
     terms = [(skip, v)] if has_skip else []
     terms.append((centre, -attention.centred_values(v, causal=True, num_queries=T)))
     if addend:   # summed before the one rounding, as the kernels do
-      terms.append(tuple(addend))
+      terms.append((1.0, *addend))
     return attention.combine_fused_terms(av, resid, terms)
   return combine
 
 
 def _kernels(has_skip):
   def combine(av, v, resid, skip, centre, *addend):
-    return combine_kernel.causal_combine(av, v, resid, skip, centre, has_skip, True,
-                                         tuple(addend) if addend else None)
+    return combine_kernel.causal_combine(av, v, resid, skip, centre, has_skip, True, *addend)
   return combine
 
 
@@ -50,7 +48,7 @@ def test_the_kernels_give_the_xla_combine_and_its_gradients(T, has_skip, with_ad
   assert got.dtype == want.dtype == dtype
   one_rounding = 0 if dtype == jnp.float32 else 2.0 ** -7   # bfloat16's relative step
   np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=one_rounding, atol=1e-5)
-  names = ("d(A v)", "dv", "d resid", "d skip", "d centre", "d addend gain", "d addend")
+  names = ("d(A v)", "dv", "d resid", "d skip", "d centre", "d addend")
   for name, g, w in zip(names, got_vjp(cotangent), want_vjp(cotangent)):
     if name == "d skip" and not has_skip:
       np.testing.assert_array_equal(g, 0.0)

@@ -11,6 +11,7 @@ import pytest
 from conftest import tiny_config
 from simplified_flax.model import attention
 from simplified_flax.model import grad_rules
+from simplified_flax.model import layers
 from simplified_flax.model import target_platform
 from simplified_flax.model import transformer
 from simplified_flax.runs import config_checks
@@ -42,6 +43,20 @@ def test_rules_on_and_off_give_the_same_gradients(variant, impl):
   assert jax.tree.structure(grads_on) == jax.tree.structure(grads_off)
   for on, off in zip(jax.tree.leaves(grads_on), jax.tree.leaves(grads_off)):
     np.testing.assert_allclose(on, off, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant,mode,impl", [("sas", "off", "auto"),     # sequential
+                                               ("sas_p", "on", "fused")])  # parallel, kernels
+def test_the_mlp_gain_in_w_proj_gives_the_same_gradients(variant, mode, impl, monkeypatch):
+  """layers.GAIN_IN_KERNEL_PLATFORMS (GPUs) against the gain on the MLP's output, here."""
+  monkeypatch.setattr(layers, "GAIN_IN_KERNEL_PLATFORMS", ())
+  outside, _ = _loss_and_jaxpr(variant, mode, impl)
+  monkeypatch.setattr(layers, "GAIN_IN_KERNEL_PLATFORMS", (target_platform.current(),))
+  inside, _ = _loss_and_jaxpr(variant, mode, impl)
+  gain_grads = [g["mlp_block_resid_gain"] for name, g in inside.items() if name.startswith("h_")]
+  assert gain_grads and all(float(g) != 0.0 for g in gain_grads)   # trainable, and learning
+  for got, want in zip(jax.tree.leaves(inside), jax.tree.leaves(outside)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
 def test_the_mode_is_chosen_by_context_and_a_bad_mode_is_refused():

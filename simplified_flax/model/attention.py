@@ -166,9 +166,8 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
   """Shaped attention `A' v` [B, Q, H, d] in v's dtype, in either form; `key_mask` [B, K] is
   True on real tokens. `return_probs` (explicit only) also returns the float32 softmax A
   [B, H, Q, K]. Both forms agree to float32 round-off, gradients included. `out_gain`: the
-  result times it. `addend` (gain, values [B, Q, H, d]): `gain * values + ` the result (a
-  parallel block's sum), which the combine's kernels take before their one rounding (then in
-  v's dtype; elsewhere as the product's dtype)."""
+  result times it. `addend` [B, Q, H, d]: added to the result (a parallel block's sum), by
+  the combine's kernels before their one rounding where they apply."""
   if impl not in IMPLS:
     raise ValueError(f"Unknown attention impl {impl!r}; expected one of {IMPLS}.")
   if impl == "fused" and (return_probs or logit_soft_cap is not None):
@@ -190,7 +189,7 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
     if combine_kernels:
       q, k, v = combine_kernel.split_as_the_kernels(q, k, v)
       if addend is not None:
-        addend = (addend[0], *combine_kernel.split_as_the_kernels(addend[1]))
+        [addend] = combine_kernel.split_as_the_kernels(addend)
     attended_BQHd = attention_kernels.dot_product_attention(q, k, v, mask=mask,
                                                            is_causal=simple_causal)
     if combine_kernels:   # out_gain folded into the kernels' gains
@@ -231,9 +230,8 @@ def _times(gain, out_BQHd):
 
 
 def _plus(addend, out_BQHd):
-  """`gain * values + out` for the addend (gain, values), as the caller would have taken it; or
-  out."""
-  return out_BQHd if addend is None else addend[0] * addend[1] + out_BQHd
+  """`addend + out`, as the caller would have taken it; or out."""
+  return out_BQHd if addend is None else addend + out_BQHd
 
 
 def attention(q, k, v, *, resid_gain=1.0, **kwargs):

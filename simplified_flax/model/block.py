@@ -42,7 +42,7 @@ class AttentionSubBlock(nn.Module):
   def __call__(self, x_BTD, anchors: Dict[str, jax.Array], *, key_mask=None, segment_ids=None,
                cache_index=None, lengths=None, out_gain=None, addend=None):
     """With the identity projection only: `out_gain` (a scalar), the output times it;
-    `addend` (a scalar gain, values [B, T, D]), `gain * values` plus the output."""
+    `addend` [B, T, D], added to the output."""
     m = self.cfg
     B, T, D = x_BTD.shape
     H = m.n_head
@@ -73,7 +73,7 @@ class AttentionSubBlock(nn.Module):
       out_BTHd = attention.shaped_attention(
           q_BTHd, k_BTHd, v_BTHd, **attn_args, causal=self.causal, key_mask=key_mask,
           segment_ids=segment_ids, impl=impl, return_probs=explicit, out_gain=out_gain,
-          addend=None if addend is None else (addend[0], addend[1].reshape(B, T, H, D // H)))
+          addend=None if addend is None else addend.reshape(B, T, H, D // H))
       if explicit:
         out_BTHd, probs_BHTT = out_BTHd
         self.sow("intermediates", "attn_probs", probs_BHTT)
@@ -143,16 +143,22 @@ class Block(nn.Module):
     attn_fn = lambda h, addend=None: drop(attn(
         h, anchors, key_mask=key_mask, segment_ids=segment_ids, cache_index=cache_index,
         lengths=lengths, out_gain=attn_resid if fold else None, addend=addend))
-    mlp_fn = lambda h: drop(mlp(h))
+    # On GPUs the MLP's gain goes into W_proj (layers.GAIN_IN_KERNEL_PLATFORMS): the backward
+    # then reads the block's gradient, not a scaled copy of it, and the gain's gradient is a
+    # sum over W_proj, not over the MLP's output.
+    inside = layers.gain_in_kernel()
+    mlp_fn = lambda h: drop(mlp(h, out_gain=mlp_resid if inside else None))
     attn_resid_outside = 1.0 if fold else attn_resid
+    mlp_resid_outside = 1.0 if inside else mlp_resid
     if m.parallel_layers:   # Eq. (2)
       h_BTD = norm1(x_BTD)
       if m.norm_type != "none":
         norm2(h_BTD)   # created, unread: see the class docstring
+      mlp_BTD = mlp_resid_outside * mlp_fn(h_BTD)
       if fold:   # the sum too: the combine's kernels then take it in theirs (one write)
-        out_BTD = attn_fn(h_BTD, addend=(mlp_resid, mlp_fn(h_BTD)))
+        out_BTD = attn_fn(h_BTD, addend=mlp_BTD)
       else:
-        out_BTD = mlp_resid * mlp_fn(h_BTD) + attn_resid_outside * attn_fn(h_BTD)
+        out_BTD = mlp_BTD + attn_resid_outside * attn_fn(h_BTD)
       if m.mlp_block_skip_gain == 0:
         # Held on GPUs: the next norm's backward then reads the block's output, not both
         # branches again (-0.19 ms for SAS-P on an H200 at the paper shape; TPUs unmeasured).
@@ -163,7 +169,7 @@ class Block(nn.Module):
     # Sequential, Eq. (1), with the norm placed per norm_position; a zero skip is omitted.
     assert m.norm_position in ("pre", "post"), m.norm_position
     for kind, norm, branch, resid in (("attn", norm1, attn_fn, attn_resid_outside),
-                                      ("mlp", norm2, mlp_fn, mlp_resid)):
+                                      ("mlp", norm2, mlp_fn, mlp_resid_outside)):
       if m.norm_position == "post":
         x_BTD = norm(x_BTD)
       out_BTD = resid * branch(norm(x_BTD) if m.norm_position == "pre" else x_BTD)

@@ -15,12 +15,10 @@ chunk to the first carries.
 
 Values agree with the XLA form to float32 round-off (the sums are associated differently); the
 result and the activations' gradients are rounded to the inputs' dtype once, as there.
-With an `addend` (a parallel block's other branch, with its scalar gain) the forward adds
-`gain * addend` before its one rounding, and the backward writes the addend's gradient
-`gain * g` and takes the gain's as a row sum: the block's sum then costs no kernel of its own,
-which would read the combine's result and the addend and write the block's output, and again
-read the block's gradient and the addend for the gain and the branch's gradient (-1.4 GB per
-step for SAS-P at the paper's shape on an H200).
+With an `addend` (a parallel block's other branch, its gain already applied) the forward adds
+it before its one rounding, and the addend's gradient is g itself: the block's sum then costs
+no kernel of its own, which would read the combine's result and the addend and write the
+block's output (-0.9 GB per step for SAS-P at the paper's shape on an H200).
 
 q/k/v layout [B, T, H, d]; gains [H]. `interpret=True` runs the kernels on any backend (tests).
 """
@@ -66,7 +64,7 @@ def _chunk_positions(i, chunk):
 
 def _forward_kernel(av_ref, v_ref, resid_ref, skip_ref, centre_ref, *refs, has_skip,
                     has_addend):
-  addend_ref, addend_gain_ref, out_ref = refs if has_addend else (None, None) + refs
+  addend_ref, out_ref = refs if has_addend else (None,) + refs
   chunk = chunk_of(v_ref.shape[0])
   resid_d, centre_d = resid_ref[...], centre_ref[...]
   skip_d = skip_ref[...] if has_skip else None
@@ -81,28 +79,22 @@ def _forward_kernel(av_ref, v_ref, resid_ref, skip_ref, centre_ref, *refs, has_s
       out_cd = out_cd + skip_d[None, :] * v_cd
     out_cd = out_cd + centre_d[None, :] * -mean_cd
     if has_addend:
-      out_cd = out_cd + addend_gain_ref[...][None, :] * addend_ref[rows, :].astype(jnp.float32)
+      out_cd = out_cd + addend_ref[rows, :].astype(jnp.float32)
     out_ref[rows, :] = out_cd.astype(out_ref.dtype)
     return running_d + jnp.sum(v_cd, axis=0)
 
   jax.lax.fori_loop(0, v_ref.shape[0] // chunk, step, jnp.zeros((d,), jnp.float32))
 
 
-def _backward_kernel(g_ref, av_ref, v_ref, resid_ref, skip_ref, centre_ref, *refs, has_skip,
-                     has_addend):
-  if has_addend:
-    addend_ref, addend_gain_ref, dav_ref, dv_ref, daddend_ref, *sum_refs = refs
-  else:
-    dav_ref, dv_ref, *sum_refs = refs
-  dresid_ref, dskip_ref, dcentre_ref = sum_refs[:3]
+def _backward_kernel(g_ref, av_ref, v_ref, resid_ref, skip_ref, centre_ref,
+                     dav_ref, dv_ref, dresid_ref, dskip_ref, dcentre_ref, *, has_skip):
   chunk = chunk_of(v_ref.shape[0])
   resid_d, centre_d = resid_ref[...], centre_ref[...]
   skip_d = skip_ref[...] if has_skip else None
   num_chunks, d = v_ref.shape[0] // chunk, v_ref.shape[-1]
 
   def step(j, carry):
-    later_d, dresid_d, dskip_d, dcentre_d, daddend_gain_d = carry   # later_d: sum of g_t / t
-                                                                    # over later chunks
+    later_d, dresid_d, dskip_d, dcentre_d = carry   # later_d: sum of g_t / t over later chunks
     i = num_chunks - 1 - j
     rows = pl.ds(i * chunk, chunk)
     g_cd = g_ref[rows, :].astype(jnp.float32)
@@ -119,17 +111,14 @@ def _backward_kernel(g_ref, av_ref, v_ref, resid_ref, skip_ref, centre_ref, *ref
       dskip_d = dskip_d + jnp.sum(g_cd * v_cd, axis=0)
     dav_ref[rows, :] = (resid_d[None, :] * g_cd).astype(dav_ref.dtype)
     dv_ref[rows, :] = dv_cd.astype(dv_ref.dtype)
-    if has_addend:
-      addend_cd = addend_ref[rows, :].astype(jnp.float32)
-      daddend_ref[rows, :] = (addend_gain_ref[...][None, :] * g_cd).astype(daddend_ref.dtype)
-      daddend_gain_d = daddend_gain_d + jnp.sum(g_cd * addend_cd, axis=0)
     return (later_d + total_d, dresid_d + jnp.sum(g_cd * av_cd, axis=0), dskip_d,
-            dcentre_d - jnp.sum(ctg_cd * v_cd, axis=0), daddend_gain_d)
+            dcentre_d - jnp.sum(ctg_cd * v_cd, axis=0))
 
   zeros_d = jnp.zeros((d,), jnp.float32)
-  sums = jax.lax.fori_loop(0, num_chunks, step, (zeros_d,) * 5)[1:]
-  for ref, sum_d in zip(sum_refs, sums):   # the addend gain's only with an addend
-    ref[...] = sum_d
+  _, dresid_d, dskip_d, dcentre_d = jax.lax.fori_loop(0, num_chunks, step, (zeros_d,) * 4)
+  dresid_ref[...] = dresid_d
+  dskip_ref[...] = dskip_d
+  dcentre_ref[...] = dcentre_d
 
 
 def _call(kernel, inputs, out_shapes, *, interpret):
@@ -190,56 +179,46 @@ def _gains_Hd(gains, d):
 
 
 def causal_combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, has_skip, interpret,
-                   addend=None):
+                   addend_BTHd=None):
   """`resid * (A v) + skip * v - centre * (C v)` [B, T, H, d] in A v's dtype, causal C; gains
-  float32 [H] (`skip_H` ignored unless `has_skip`). `addend`: (gain, values [B, T, H, d]),
-  a float32 scalar and an array in A v's dtype, whose product is added before the rounding."""
-  return _combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend, has_skip, interpret)
+  float32 [H] (`skip_H` ignored unless `has_skip`). `addend_BTHd` (optional): added before
+  the rounding."""
+  return _combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend, has_skip, interpret):
-  out, _ = _forward(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend, has_skip, interpret)
+def _combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret):
+  out, _ = _forward(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip,
+                    interpret)
   return out
 
 
-def _addend_inputs(addend, H, d):
-  """The kernels' addend inputs: (values, the gain as a [H, d] row per head), or ()."""
-  if addend is None:
-    return ()
-  gain, values_BTHd = addend
-  return (values_BTHd,) + _gains_Hd((jnp.broadcast_to(jnp.asarray(gain, jnp.float32), (H,)),), d)
-
-
-def _forward(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend, has_skip, interpret):
-  H, d = v_BTHd.shape[2:]
-  gains = _gains_Hd((resid_H, skip_H, centre_H), d)
-  kernel = functools.partial(_forward_kernel, has_skip=has_skip, has_addend=addend is not None)
-  [out_BTHd] = _call(kernel, (av_BTHd, v_BTHd) + gains + _addend_inputs(addend, H, d),
-                     [jax.ShapeDtypeStruct(av_BTHd.shape, av_BTHd.dtype)], interpret=interpret)
-  return out_BTHd, (av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend)
+def _forward(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret):
+  d = v_BTHd.shape[-1]
+  addend = () if addend_BTHd is None else (addend_BTHd,)
+  kernel = functools.partial(_forward_kernel, has_skip=has_skip, has_addend=bool(addend))
+  [out_BTHd] = _call(kernel, (av_BTHd, v_BTHd) + _gains_Hd((resid_H, skip_H, centre_H), d)
+                     + addend, [jax.ShapeDtypeStruct(av_BTHd.shape, av_BTHd.dtype)],
+                     interpret=interpret)
+  # The addend rides along for its dtype only: the backward reads no element of it.
+  return out_BTHd, (av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd)
 
 
 def _backward(has_skip, interpret, residuals, g_BTHd):
-  av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend = residuals
+  av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd = residuals
   B, _, H, d = v_BTHd.shape
   sums = jax.ShapeDtypeStruct((B, H, d), jnp.float32)
-  like = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
-  out_shapes = [like(av_BTHd), like(v_BTHd)] + ([] if addend is None else [like(addend[1])])
-  kernel = functools.partial(_backward_kernel, has_skip=has_skip, has_addend=addend is not None)
-  outs = _call(kernel, (g_BTHd.astype(av_BTHd.dtype), av_BTHd, v_BTHd)
-               + _gains_Hd((resid_H, skip_H, centre_H), d) + _addend_inputs(addend, H, d),
-               out_shapes + [sums] * (3 if addend is None else 4), interpret=interpret)
-  dav, dv, outs = outs[0], outs[1], list(outs[2:])
-  d_addend = None
-  if addend is not None:   # the scalar gain's gradient: every head's row sums together
-    gain, daddend_BTHd, daddend_gain_BHd = addend[0], outs.pop(0), outs.pop()
-    d_addend = (daddend_gain_BHd.sum().astype(jnp.result_type(gain)).reshape(jnp.shape(gain)),
-                daddend_BTHd)
-  dresid, dskip, dcentre = outs
+  kernel = functools.partial(_backward_kernel, has_skip=has_skip)
+  dav, dv, dresid, dskip, dcentre = _call(
+      kernel, (g_BTHd.astype(av_BTHd.dtype), av_BTHd, v_BTHd)
+      + _gains_Hd((resid_H, skip_H, centre_H), d),
+      [jax.ShapeDtypeStruct(av_BTHd.shape, av_BTHd.dtype),
+       jax.ShapeDtypeStruct(v_BTHd.shape, v_BTHd.dtype), sums, sums, sums],
+      interpret=interpret)
   head_sum = lambda s_BHd, like: s_BHd.sum(axis=(0, 2)).astype(like.dtype)
   dskip_H = head_sum(dskip, skip_H) if has_skip else jnp.zeros_like(skip_H)
-  return (dav, dv, head_sum(dresid, resid_H), dskip_H, head_sum(dcentre, centre_H), d_addend)
+  d_addend = None if addend_BTHd is None else g_BTHd.astype(addend_BTHd.dtype)
+  return dav, dv, head_sum(dresid, resid_H), dskip_H, head_sum(dcentre, centre_H), d_addend
 
 
 _combine.defvjp(_forward, _backward)
