@@ -16,10 +16,10 @@ B, H, D = 2, 3, 16
 def _inputs(T, dtype, with_addend):
   keys = jax.random.split(jax.random.key(0), 7)
   av, v, cotangent = (jax.random.normal(k, (B, T, H, D)).astype(dtype) for k in keys[:3])
-  gains = [jax.random.normal(k, (H,)) for k in keys[3:6]]
+  gains_and_addend = [jax.random.normal(k, (H,)) for k in keys[3:6]]
   if with_addend:   # a parallel block's other branch
-    gains.append(jax.random.normal(keys[6], (B, T, H, D)).astype(dtype))
-  return av, v, gains, cotangent
+    gains_and_addend.append(jax.random.normal(keys[6], (B, T, H, D)).astype(dtype))
+  return av, v, gains_and_addend, cotangent
 
 
 def _xla_combine(T, has_skip):
@@ -42,9 +42,9 @@ def _kernels(has_skip):
 @pytest.mark.parametrize("T,has_skip,with_addend", [(64, True, True), (16, False, False)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_the_kernels_give_the_xla_combine_and_its_gradients(T, has_skip, with_addend, dtype):
-  av, v, gains, cotangent = _inputs(T, dtype, with_addend)
-  want, want_vjp = jax.vjp(_xla_combine(T, has_skip), av, v, *gains)
-  got, got_vjp = jax.vjp(_kernels(has_skip), av, v, *gains)
+  av, v, gains_and_addend, cotangent = _inputs(T, dtype, with_addend)
+  want, want_vjp = jax.vjp(_xla_combine(T, has_skip), av, v, *gains_and_addend)
+  got, got_vjp = jax.vjp(_kernels(has_skip), av, v, *gains_and_addend)
   assert got.dtype == want.dtype == dtype
   one_rounding = 0 if dtype == jnp.float32 else 2.0 ** -7   # bfloat16's relative step
   np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=one_rounding, atol=1e-5)

@@ -69,7 +69,8 @@ def test_a_gpu_program_calls_cudnn_attention(gpu_steps):
 
 def test_the_combine_kernels_compile_for_a_gpu_as_triton_calls():
   """The causal combine's Pallas kernels, forward and backward, without and with a parallel
-  block's addend, through XLA:GPU's Triton compiler for an H100 (a tiny model has too few (sequence, head) programs to take them)."""
+  block's addend, through XLA:GPU's Triton compiler for an H100 (a tiny model has too few
+  (sequence, head) programs to take them)."""
   _needs("gpu")
   from simplified_flax.model import combine_kernel  # pylint: disable=import-outside-toplevel
   device = targets.topology_devices(targets.parse("h100"))[0]
