@@ -33,7 +33,8 @@ def _loss_and_jaxpr(variant: str, mode: str, impl: str = "auto"):
 
 
 @pytest.mark.parametrize("variant,impl", [("sas_p", "auto"), ("preln", "auto"),
-                                          ("sas_p", "fused")])   # fused: the combine kernels
+                                          ("sas_p", "fused"),    # fused: the combine kernels
+                                          ("sas", "auto")])      # a trainable skip gain
 def test_rules_on_and_off_give_the_same_gradients(variant, impl):
   grads_on, jaxpr_on = _loss_and_jaxpr(variant, "on", impl)
   grads_off, jaxpr_off = _loss_and_jaxpr(variant, "off", impl)
@@ -109,7 +110,8 @@ def test_auto_applies_each_rule_on_its_platform_and_a_nonzero_slope_keeps_leaky_
     for platform in ("cpu", "gpu", "tpu"):
       with target_platform.compiling_for(platform):
         assert (grad_rules.enabled("relu") == grad_rules.enabled("split")
-                == grad_rules.enabled("combine") == (platform == "gpu"))
+                == grad_rules.enabled("combine") == grad_rules.enabled("skip")
+                == (platform == "gpu"))
         assert grad_rules.enabled("dense") == grad_rules.enabled("gains") == (platform == "cpu")
   with grad_rules.chosen("on"):
     jaxpr = str(jax.make_jaxpr(lambda x: grad_rules.leaky_relu(x, 0.1))(jnp.ones(3)))
@@ -140,3 +142,30 @@ def test_the_split_rule_is_jnp_split_bit_for_bit_with_its_backward_held():
   with grad_rules.chosen("off"):
     assert "optimization_barrier" not in str(
         jax.make_jaxpr(jax.grad(loss(grad_rules.split_halves)))(x))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_skip_rule_gives_the_products_value_gradients_and_tangents(dtype):
+  """`gain * x` and its derivatives, the gain's gradient summed over B and T before D (an
+  optimization barrier between the two, so that XLA keeps them apart)."""
+  keys = jax.random.split(jax.random.key(0), 3)
+  x_BTD = jax.random.normal(keys[0], (2, 5, 8)).astype(dtype)
+  weights_BTD = jax.random.normal(keys[1], (2, 5, 8))
+  gain = jnp.float32(0.7)
+  loss = lambda scale: lambda gain, x: jnp.sum(jnp.sin(scale(gain, x)) * weights_BTD)
+  plain = lambda gain, x: gain * x
+  with grad_rules.chosen("on"):
+    held_value = grad_rules.scaled_skip(gain, x_BTD)
+    held_grads = jax.grad(loss(grad_rules.scaled_skip), argnums=(0, 1))(gain, x_BTD)
+    held_tangent = jax.jvp(grad_rules.scaled_skip, (gain, x_BTD),
+                           (jnp.float32(0.3), x_BTD))[1]
+    grad_jaxpr = str(jax.make_jaxpr(jax.grad(loss(grad_rules.scaled_skip)))(gain, x_BTD))
+  np.testing.assert_array_equal(held_value, plain(gain, x_BTD))
+  want_grads = jax.grad(loss(plain), argnums=(0, 1))(gain, x_BTD)
+  np.testing.assert_allclose(held_grads[0], want_grads[0], rtol=1e-5)
+  np.testing.assert_array_equal(held_grads[1], want_grads[1])
+  np.testing.assert_allclose(
+      held_tangent, jax.jvp(plain, (gain, x_BTD), (jnp.float32(0.3), x_BTD))[1], rtol=1e-6)
+  assert grad_jaxpr.count("optimization_barrier") == 1
+  with grad_rules.chosen("off"):
+    assert "custom_jvp_call" not in str(jax.make_jaxpr(grad_rules.scaled_skip)(gain, x_BTD))

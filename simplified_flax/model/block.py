@@ -176,6 +176,10 @@ class Block(nn.Module):
       if m[f"{kind}_block_skip_gain"] == 0:
         x_BTD = out_BTD.astype(self.dtype)   # a lone branch: XLA may fuse the cast onwards
         continue
-      out_BTD = out_BTD + block_gain(f"{kind}_block_skip_gain", kind) * x_BTD
+      skip = block_gain(f"{kind}_block_skip_gain", kind)
+      if m[f"trainable_{kind}_block_gains"]:   # its gradient, under the `skip` rule
+        out_BTD = out_BTD + grad_rules.scaled_skip(skip, x_BTD)
+      else:
+        out_BTD = out_BTD + skip * x_BTD
       x_BTD = layers.in_dtype(out_BTD, self.dtype)   # a residual sum: held in the dtype
     return x_BTD

@@ -25,6 +25,12 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          SAS-P at the paper's shape on an H200; float32 round-off); in a parallel block
          the kernels also take the block's sum with the MLP branch. Where "on" applies it
          off a GPU, the kernels run in Pallas interpret mode (slow; for tests).
+  skip   (GPU) a trainable block skip gain's gradient, sum(g * x) over [B, T, D], as a sum
+         over B and T held by an optimization barrier, then over D: XLA:GPU then computes
+         the per-feature sums in the column-reduction kernel that already takes the norm's
+         weight gradient from the same g and x, where the single full sum needs a kernel of
+         its own that reads both again (-0.9 GB per step for SAS at the paper's shape on an
+         H200; float32 round-off).
 
 The mode is chosen once: "auto" applies each rule on the platform named above, where it was
 measured to help (the platform the step is compiled for); "on" applies all; "off" none
@@ -43,7 +49,8 @@ from simplified_flax.model import target_platform
 
 MODES = ("auto", "on", "off")
 # Where "auto" applies each rule.
-AUTO_PLATFORM = {"dense": "cpu", "gains": "cpu", "relu": "gpu", "split": "gpu", "combine": "gpu"}
+AUTO_PLATFORM = {"dense": "cpu", "gains": "cpu", "relu": "gpu", "split": "gpu", "combine": "gpu",
+                 "skip": "gpu"}
 _MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
 
 
@@ -109,6 +116,35 @@ def _held_split(x_ND):
 def _held_split_jvp(primals, tangents):
   (x_ND,), (dx_ND,) = primals, tangents
   return _held_split(x_ND), tuple(jnp.split(jax.lax.optimization_barrier(dx_ND), 2, axis=-1))
+
+
+def scaled_skip(gain, x_BTD):
+  """`gain * x` for a scalar gain (float32) and x [..., D], with the `skip` rule when it
+  applies; forward and reverse mode alike."""
+  return _scaled_skip(gain, x_BTD) if enabled("skip") else gain * x_BTD
+
+
+@jax.custom_jvp
+def _scaled_skip(gain, x_BTD):
+  return gain * x_BTD
+
+
+def _scaled_skip_jvp(primals, tangents):
+  gain, x_BTD = primals
+  d_gain, dx_BTD = tangents
+  y_BTD = gain * x_BTD
+  dy_BTD = jnp.zeros_like(y_BTD)
+  if _present(dx_BTD):
+    dy_BTD = dy_BTD + gain * dx_BTD
+  if _present(d_gain):
+    # Transposed, the barrier keeps the sum over B and T apart from the sum over D: XLA would
+    # otherwise merge the two into one full reduction.
+    d_gain_D = jax.lax.optimization_barrier(jnp.broadcast_to(d_gain, x_BTD.shape[-1:]))
+    dy_BTD = dy_BTD + d_gain_D * x_BTD
+  return y_BTD, dy_BTD
+
+
+_scaled_skip.defjvp(_scaled_skip_jvp, symbolic_zeros=True)
 
 
 def _present(tangent) -> bool:
