@@ -34,7 +34,7 @@ def _loss_and_jaxpr(variant: str, mode: str, impl: str = "auto"):
 
 @pytest.mark.parametrize("variant,impl", [("sas_p", "auto"), ("preln", "auto"),
                                           ("sas_p", "fused"),    # fused: the combine kernels
-                                          ("sas", "auto")])      # a trainable skip gain
+                                          ("sas", "fused")])     # the skip rule, kernels
 def test_rules_on_and_off_give_the_same_gradients(variant, impl):
   grads_on, jaxpr_on = _loss_and_jaxpr(variant, "on", impl)
   grads_off, jaxpr_off = _loss_and_jaxpr(variant, "off", impl)

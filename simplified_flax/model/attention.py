@@ -159,6 +159,17 @@ def combine_fused_terms(attended_BQHd, resid, terms):
   return jax.lax.optimization_barrier(out_BQHd)
 
 
+def takes_combine_kernels(v_shape, *, centred: bool, simple_causal: bool) -> bool:
+  """Whether the fused form's combine runs as `combine_kernel`'s kernels for values of
+  `v_shape` [B, T, H, d]: a centred attention, the plain causal mask (`simple_causal`: no
+  padding, packing or offset queries), the `combine` rule on, and shapes the kernels take."""
+  on_gpu = target_platform.current() == "gpu"
+  return (centred and simple_causal and grad_rules.enabled("combine")
+          and combine_kernel.supported(
+              jax.ShapeDtypeStruct(tuple(v_shape), jnp.float32),
+              min_programs=combine_kernel.MIN_PROGRAMS if on_gpu else 1))
+
+
 def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: bool,
                      key_mask=None, segment_ids=None, query_offset=0, impl: Impl = "explicit",
                      logit_soft_cap=None, return_probs: bool = False, out_gain=None,
@@ -183,9 +194,8 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
     mask = (None if simple_causal or (unmasked and not causal)
             else masks.attention_mask(Tq, Tk, **where))
     on_gpu = target_platform.current() == "gpu"
-    combine_kernels = (centre_gain is not None and simple_causal
-                       and grad_rules.enabled("combine") and combine_kernel.supported(
-                           v, min_programs=combine_kernel.MIN_PROGRAMS if on_gpu else 1))
+    combine_kernels = takes_combine_kernels(v.shape, centred=centre_gain is not None,
+                                            simple_causal=simple_causal)
     if combine_kernels:
       q, k, v = combine_kernel.split_as_the_kernels(q, k, v)
       if addend is not None:

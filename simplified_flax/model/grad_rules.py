@@ -26,11 +26,13 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          the kernels also take the block's sum with the MLP branch. Where "on" applies it
          off a GPU, the kernels run in Pallas interpret mode (slow; for tests).
   skip   (GPU) a trainable block skip gain's gradient, sum(g * x) over [B, T, D], as a sum
-         over B and T held by an optimization barrier, then over D: XLA:GPU then computes
-         the per-feature sums in the column-reduction kernel that already takes the norm's
-         weight gradient from the same g and x, where the single full sum needs a kernel of
-         its own that reads both again (-0.9 GB per step for SAS at the paper's shape on an
-         H200; float32 round-off).
+         over B and T held by an optimization barrier, then over D. Where x is the combine
+         kernels' output (SAS's MLP skip; `Block` decides), XLA:GPU then computes the
+         per-feature sums in the column-reduction kernel that already takes norm2's weight
+         gradient from the same g and x, where the single full sum needs a kernel of its own
+         that reads both again (-0.9 GB per step for SAS at the paper's shape on an H200;
+         float32 round-off). After a GEMM or the explicit form it made a kernel of its own
+         (+0.9 GB for Value-SkipInit and explicit SAS), so it is not applied there.
 
 The mode is chosen once: "auto" applies each rule on the platform named above, where it was
 measured to help (the platform the step is compiled for); "on" applies all; "off" none
