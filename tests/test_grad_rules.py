@@ -148,7 +148,7 @@ def test_the_split_rule_is_jnp_split_bit_for_bit_with_its_backward_held():
 def test_the_skip_rule_gives_the_products_value_gradients_and_tangents(dtype):
   """`gain * x` and its derivatives, the gain's gradient summed over B and T before D (an
   optimization barrier between the two, so that XLA keeps them apart)."""
-  keys = jax.random.split(jax.random.key(0), 3)
+  keys = jax.random.split(jax.random.key(0), 2)
   x_BTD = jax.random.normal(keys[0], (2, 5, 8)).astype(dtype)
   weights_BTD = jax.random.normal(keys[1], (2, 5, 8))
   gain = jnp.float32(0.7)
