@@ -1,7 +1,8 @@
 """The TPU splash kernel under a multi-device jit mesh: `shard_map`ped over the batch (and, where
 the batch runs out, the heads), equal to the explicit form in outputs and gradients. Runs in a
 child process on 8 simulated CPU devices, the kernel in Pallas interpret mode; so are the
-causal combine's kernels (model/combine_kernel.py), with the batch and the heads split."""
+causal combine's kernels (model/combine_kernel.py, the GPU's and the TPU's), with the batch and
+the heads split."""
 import json
 import subprocess
 import sys
@@ -16,7 +17,8 @@ SCRIPT = r"""
 import functools, json
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-from simplified_flax.model import attention, attention_kernels, grad_rules
+from simplified_flax.model import attention, attention_kernels, combine_kernel, grad_rules
+from simplified_flax.model import target_platform
 from simplified_flax.training import placement
 
 attention_kernels.dot_product_attention = functools.partial(
@@ -66,6 +68,15 @@ with grad_rules.chosen("on"):
                                               under_mesh("fused"), under_mesh("explicit"))
   out["jaxpr_has_combine_kernels"] = "pallas_call" in str(jax.make_jaxpr(step("fused", True))(
       GAINS, batch))
+# The TPU's own combine kernels (what "auto" takes when compiling for a TPU), interpreted.
+mosaic = combine_kernel.causal_combine
+combine_kernel.causal_combine = lambda *args, backend: mosaic(
+    *args[:6], True, *args[7:], backend=backend)
+with target_platform.compiling_for("tpu"):
+  out["heads_tpu_combine_kernels"] = jax.tree.map(
+      lambda a, b: float(jnp.max(jnp.abs(a - b))), under_mesh("fused"), under_mesh("explicit"))
+  out["jaxpr_has_tpu_combine_kernels"] = "shaped_combine_backward" in str(
+      jax.make_jaxpr(step("fused", True))(GAINS, batch))
 print("RESULT " + json.dumps(out))
 """
 
@@ -84,6 +95,7 @@ def test_splash_under_an_eight_device_mesh_equals_explicit():
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.split("RESULT ", 1)[1])
   assert out.pop("jaxpr_has_shard_map") and out.pop("jaxpr_has_combine_kernels")
+  assert out.pop("jaxpr_has_tpu_combine_kernels")
   for case, (value_diff, grad_diffs) in out.items():
     assert value_diff < 1e-3, case   # a sum over 8 x 128 x 2 x 8 outputs
     np.testing.assert_array_less(np.array(jax.tree.leaves(grad_diffs)), 1e-3, err_msg=case)

@@ -1,6 +1,7 @@
-"""The causal combine's Pallas kernels (`model/combine_kernel.py`, the `combine` rule of
-`model.grad_rules`), run in interpret mode on the CPU: values and every gradient as the XLA
-form of Eq. (6), to float32 round-off (bfloat16: one rounding of the result)."""
+"""The causal combine's Pallas kernels (`model/combine_kernel.py` for GPUs,
+`model/combine_kernel_tpu.py` for TPUs; the `combine` rule of `model.grad_rules`), run in
+interpret mode on the CPU: values and every gradient as the XLA form of Eq. (6), to float32
+round-off (bfloat16: one rounding of the result)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,17 +9,18 @@ import pytest
 
 from simplified_flax.model import attention
 from simplified_flax.model import combine_kernel
+from simplified_flax.model import combine_kernel_tpu
 from simplified_flax.model import grad_rules
 
-B, H, D = 2, 3, 16
+B = 2
 
 
-def _inputs(T, dtype, with_addend):
+def _inputs(T, H, d, dtype, with_addend):
   keys = jax.random.split(jax.random.key(0), 7)
-  av, v, cotangent = (jax.random.normal(k, (B, T, H, D)).astype(dtype) for k in keys[:3])
+  av, v, cotangent = (jax.random.normal(k, (B, T, H, d)).astype(dtype) for k in keys[:3])
   gains_and_addend = [jax.random.normal(k, (H,)) for k in keys[3:6]]
   if with_addend:   # a parallel block's other branch
-    gains_and_addend.append(jax.random.normal(keys[6], (B, T, H, D)).astype(dtype))
+    gains_and_addend.append(jax.random.normal(keys[6], (B, T, H, d)).astype(dtype))
   return av, v, gains_and_addend, cotangent
 
 
@@ -32,19 +34,25 @@ def _xla_combine(T, has_skip):
   return combine
 
 
-def _kernels(has_skip):
+def _kernels(has_skip, backend):
   def combine(av, v, resid, skip, centre, *addend):
-    return combine_kernel.causal_combine(av, v, resid, skip, centre, has_skip, True, *addend)
+    return combine_kernel.causal_combine(av, v, resid, skip, centre, has_skip, True, *addend,
+                                         backend=backend)
   return combine
 
 
-# two chunks with the skip and an addend; one short chunk with neither
-@pytest.mark.parametrize("T,has_skip,with_addend", [(64, True, True), (16, False, False)])
+# GPU: two chunks with the skip and an addend; one short chunk with neither. TPU (Mosaic's
+# kernels, [B, H, T, d] blocks): two chunks of 128 times, two heads of 64 lanes side by side
+# in the [B, T, D] addend and result; one chunk with 3 heads of 16 (all heads in one block).
+@pytest.mark.parametrize("backend,T,H,d,has_skip,with_addend",
+                         [("gpu", 64, 3, 16, True, True), ("gpu", 16, 3, 16, False, False),
+                          ("tpu", 256, 2, 64, True, True), ("tpu", 128, 3, 16, False, False)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_the_kernels_give_the_xla_combine_and_its_gradients(T, has_skip, with_addend, dtype):
-  av, v, gains_and_addend, cotangent = _inputs(T, dtype, with_addend)
+def test_the_kernels_give_the_xla_combine_and_its_gradients(backend, T, H, d, has_skip,
+                                                            with_addend, dtype):
+  av, v, gains_and_addend, cotangent = _inputs(T, H, d, dtype, with_addend)
   want, want_vjp = jax.vjp(_xla_combine(T, has_skip), av, v, *gains_and_addend)
-  got, got_vjp = jax.vjp(_kernels(has_skip), av, v, *gains_and_addend)
+  got, got_vjp = jax.vjp(_kernels(has_skip, backend), av, v, *gains_and_addend)
   assert got.dtype == want.dtype == dtype
   one_rounding = 0 if dtype == jnp.float32 else 2.0 ** -7   # bfloat16's relative step
   np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=one_rounding, atol=1e-5)
@@ -58,6 +66,13 @@ def test_the_kernels_give_the_xla_combine_and_its_gradients(T, has_skip, with_ad
     tol = one_rounding * scale if g.ndim == 4 else 1e-5 * scale
     np.testing.assert_allclose(np.float32(g), np.float32(w), rtol=0, atol=tol + 1e-6,
                                err_msg=name)
+
+
+def test_the_tpu_kernels_take_whole_lanes_of_heads_and_chunks_of_128_times():
+  assert [combine_kernel_tpu.heads_per_program(H, d) for H, d in
+          ((12, 64), (16, 128), (12, 256), (3, 16), (12, 96))] == [2, 1, 1, 3, 12]
+  supported = lambda *shape: combine_kernel_tpu.supported(jnp.ones(shape))
+  assert supported(1, 256, 12, 64) and not supported(1, 192, 12, 64)
 
 
 def test_shaped_attention_takes_the_kernels_only_for_the_plain_causal_mean_under_the_rule():

@@ -59,6 +59,8 @@ def test_a_tpu_program_compiled_on_a_cpu_host_holds_splash_under_shard_map(tpu_s
   assert len(tpu_steps.devices) == 4 and tpu_steps.devices[0].platform == "tpu"
   # The batch is split over the 4 chips: each runs the kernel on its own 2 rows.
   assert "bf16[2,2,128,32]" in hlo or "bf16[2,128,2,32]" in hlo
+  # SAS-P's causal combine: the TPU's own Mosaic kernels (combine_kernel_tpu.py), each way.
+  assert "shaped_combine_forward" in hlo and "shaped_combine_backward" in hlo
 
 
 def test_a_gpu_program_calls_cudnn_attention(gpu_steps):

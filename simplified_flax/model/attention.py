@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from simplified_flax.model import attention_kernels
 from simplified_flax.model import combine_kernel
+from simplified_flax.model import combine_kernel_tpu
 from simplified_flax.model import grad_rules
 from simplified_flax.model import masks
 from simplified_flax.model import target_platform
@@ -162,12 +163,16 @@ def combine_fused_terms(attended_BQHd, resid, terms):
 def takes_combine_kernels(v_shape, *, centred: bool, simple_causal: bool) -> bool:
   """Whether the fused form's combine runs as `combine_kernel`'s kernels for values of
   `v_shape` [B, T, H, d]: a centred attention, the plain causal mask (`simple_causal`: no
-  padding, packing or offset queries), the `combine` rule on, and shapes the kernels take."""
-  on_gpu = target_platform.current() == "gpu"
-  return (centred and simple_causal and grad_rules.enabled("combine")
-          and combine_kernel.supported(
-              jax.ShapeDtypeStruct(tuple(v_shape), jnp.float32),
-              min_programs=combine_kernel.MIN_PROGRAMS if on_gpu else 1))
+  padding, packing or offset queries), the `combine` rule on, and shapes the kernels of the
+  platform take (a TPU's own; elsewhere the GPU's, interpreted off a GPU)."""
+  if not (centred and simple_causal and grad_rules.enabled("combine")):
+    return False
+  platform = target_platform.current()
+  v = jax.ShapeDtypeStruct(tuple(v_shape), jnp.float32)
+  if platform == "tpu":
+    return combine_kernel_tpu.supported(v)
+  return combine_kernel.supported(
+      v, min_programs=combine_kernel.MIN_PROGRAMS if platform == "gpu" else 1)
 
 
 def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: bool,
@@ -193,7 +198,7 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
     simple_causal = causal and unmasked and Tq == Tk and jnp.ndim(query_offset) == 0
     mask = (None if simple_causal or (unmasked and not causal)
             else masks.attention_mask(Tq, Tk, **where))
-    on_gpu = target_platform.current() == "gpu"
+    platform = target_platform.current()
     combine_kernels = takes_combine_kernels(v.shape, centred=centre_gain is not None,
                                             simple_causal=simple_causal)
     if combine_kernels:
@@ -206,9 +211,11 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
       scale = 1.0 if out_gain is None else jnp.asarray(out_gain, jnp.float32)
       head_vector = lambda g: scale * jnp.broadcast_to(
           jnp.asarray(0.0 if g is None else g, jnp.float32).reshape(-1), (q.shape[2],))
-      return combine_kernel.causal_combine(   # the Triton kernels; elsewhere interpreted
+      # The TPU's Mosaic kernels or the GPU's Triton ones; elsewhere the GPU's interpreted.
+      return combine_kernel.causal_combine(
           attended_BQHd, v, head_vector(resid_gain), head_vector(skip_gain),
-          head_vector(centre_gain), skip_gain is not None, not on_gpu, addend)
+          head_vector(centre_gain), skip_gain is not None, platform not in ("gpu", "tpu"),
+          addend, backend="tpu" if platform == "tpu" else "gpu")
     terms = []
     if skip_gain is not None:
       terms.append((skip_gain, masks.take_queries(v, Tq, query_offset)))

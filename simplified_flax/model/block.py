@@ -12,6 +12,7 @@ from simplified_flax.model import attention_kernels
 from simplified_flax.model import grad_rules
 from simplified_flax.model import kv_cache
 from simplified_flax.model import layers
+from simplified_flax.model import target_platform
 from simplified_flax.model import valproj
 
 
@@ -132,14 +133,19 @@ class Block(nn.Module):
                                                 m[f"trainable_{kind}_block_gains"])
     attn_resid = block_gain("attn_block_resid_gain", "attn")
     mlp_resid = block_gain("mlp_block_resid_gain", "mlp")
+    B, T, D = x_BTD.shape
+    combine_kernels = attn._impl() == "fused" and attention.takes_combine_kernels(
+        (B, T, m.n_head, D // m.n_head), centred=m.centre_attn,
+        simple_causal=self.causal and key_mask is None and segment_ids is None)
     # Where nothing lies between the attention and its block gain (no projection, no dropout,
     # no cache), the sub-block applies the gain itself under the combine rule: the fused
     # form's kernels then fold it into theirs, so that the backward reads the block's
-    # gradient, not a scaled copy of it. (Elsewhere the product stays here: on a TPU, taken
-    # over [B, T, H, d] it moved 3.6% more bytes.) A parallel block gives it its sum as well.
+    # gradient, not a scaled copy of it. A parallel block gives it its sum as well. On a TPU
+    # only into its kernels: the product taken by XLA over [B, T, H, d] moved 3.6% more bytes.
     fold = (cache_index is None and (m.dropout_rate == 0 or not train)
             and valproj.proj_settings(m, self.layer).form == "identity"
-            and grad_rules.enabled("combine"))
+            and grad_rules.enabled("combine")
+            and (combine_kernels or target_platform.current() != "tpu"))
     attn_fn = lambda h, addend=None: drop(attn(
         h, anchors, key_mask=key_mask, segment_ids=segment_ids, cache_index=cache_index,
         lengths=lengths, out_gain=attn_resid if fold else None, addend=addend))
@@ -155,8 +161,10 @@ class Block(nn.Module):
       if m.norm_type != "none":
         norm2(h_BTD)   # created, unread: see the class docstring
       mlp_BTD = mlp_resid_outside * mlp_fn(h_BTD)
-      if fold:   # the sum too: the combine's kernels then take it in theirs (one write)
-        out_BTD = attn_fn(h_BTD, addend=mlp_BTD)
+      if fold:   # the sum too: the combine's kernels then take it in theirs (one write),
+        # the branch in the block's dtype (as on GPUs, whose gain is in W_proj; a float32 branch
+        # doubled the kernel's reads of it on a TPU, where the gain stays on the output).
+        out_BTD = attn_fn(h_BTD, addend=mlp_BTD.astype(self.dtype))
       else:
         out_BTD = mlp_BTD + attn_resid_outside * attn_fn(h_BTD)
       if m.mlp_block_skip_gain == 0:
@@ -172,12 +180,8 @@ class Block(nn.Module):
     # attention skip, the identity projection) takes the `skip` rule: its gradient's sums
     # then join those of norm2's weight gradient (-0.19 ms for SAS on an H200 at the paper
     # shape). After a GEMM or the explicit form XLA keeps them apart (+0.19 ms there).
-    B, T, D = x_BTD.shape
-    skip_rule = (fold and m.attn_block_skip_gain == 0 and m.norm_position == "pre"
-                 and m.trainable_mlp_block_gains and attn._impl() == "fused"
-                 and attention.takes_combine_kernels(
-                     (B, T, m.n_head, D // m.n_head), centred=m.centre_attn,
-                     simple_causal=self.causal and key_mask is None and segment_ids is None))
+    skip_rule = (fold and combine_kernels and m.attn_block_skip_gain == 0
+                 and m.norm_position == "pre" and m.trainable_mlp_block_gains)
     for kind, norm, branch, resid in (("attn", norm1, attn_fn, attn_resid_outside),
                                       ("mlp", norm2, mlp_fn, mlp_resid_outside)):
       if m.norm_position == "post":

@@ -21,6 +21,8 @@ no kernel of its own, which would read the combine's result and the addend and w
 block's output (-0.9 GB per step for SAS-P at the paper's shape on an H200).
 
 q/k/v layout [B, T, H, d]; gains [H]. `interpret=True` runs the kernels on any backend (tests).
+`backend="tpu"` takes the same sums as Mosaic kernels laid out for a TPU's tiles
+(combine_kernel_tpu.py); the custom VJP, the gains' folding and the mesh split are shared.
 """
 import functools
 
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from simplified_flax.model import attention_kernels
+from simplified_flax.model import combine_kernel_tpu
 
 CHUNK = 32   # times per step of the running sum: [CHUNK, d] float32 tiles stay in registers
 # The fewest (sequence, head) programs that take the kernels: each program walks its times one
@@ -121,34 +124,39 @@ def _backward_kernel(g_ref, av_ref, v_ref, resid_ref, skip_ref, centre_ref,
   dcentre_ref[...] = dcentre_d
 
 
-def _call(kernel, inputs, out_shapes, *, interpret):
-  """`kernel` over the grid (B, H), each program owning one sequence of one head ([T, d]
-  arrays, [d] gains, [d] sums); `shard_map`ped over the ambient mesh's automatic axes, which
-  split the batch, else the heads (a custom call XLA cannot partition)."""
-  B, T, H, d = inputs[0].shape
-  blocks = {4: pl.BlockSpec((None, T, None, d), lambda b, h: (b, 0, h, 0)),   # [B, T, H, d]
-            2: pl.BlockSpec((None, d), lambda b, h: (h, 0)),                  # gains [H, d]
-            3: pl.BlockSpec((None, None, d), lambda b, h: (b, h, 0))}         # sums [B, H, d]
-  params = {}
-  if not interpret:
-    from jax.experimental.pallas import triton  # pylint: disable=import-outside-toplevel
-    params = dict(compiler_params=triton.CompilerParams(num_warps=2, num_stages=1))
-
-  def local(*local_inputs):
-    B_local, _, H_local, _ = local_inputs[0].shape
-    shapes = {4: local_inputs[0].shape, 3: (B_local, H_local, d)}
-    local_outs = [jax.ShapeDtypeStruct(shapes[len(s.shape)], s.dtype) for s in out_shapes]
-    return pl.pallas_call(kernel, out_shape=tuple(local_outs), grid=(B_local, H_local),
-                          in_specs=[blocks[x.ndim] for x in local_inputs],
-                          out_specs=tuple(blocks[len(s.shape)] for s in local_outs),
-                          interpret=interpret, **params)(*local_inputs)
-
+def _call(local, inputs, out_shapes):
+  """`local(*inputs)` (the kernels on one shard: [B, T, H, d] arrays, [H, d] gains, [B, H, d]
+  sums), `shard_map`ped over the ambient mesh's automatic axes, which split the batch, else
+  the heads (a custom call XLA cannot partition)."""
+  B, _, H, _ = inputs[0].shape
   mesh, spec, axis_names = _mesh_specs(B, H)
   if mesh is None:
     return local(*inputs)
   return jax.shard_map(local, mesh=mesh, in_specs=tuple(spec[x.ndim] for x in inputs),
                        out_specs=tuple(spec[len(s.shape)] for s in out_shapes),
                        axis_names=axis_names, check_vma=False)(*inputs)
+
+
+def _gpu_local(kernel, out_shapes, *, interpret):
+  """The GPU kernels on one shard: `kernel` over the grid (B, H), each program owning one
+  sequence of one head ([T, d] arrays, [d] gains, [d] sums)."""
+  params = {}
+  if not interpret:
+    from jax.experimental.pallas import triton  # pylint: disable=import-outside-toplevel
+    params = dict(compiler_params=triton.CompilerParams(num_warps=2, num_stages=1))
+
+  def local(*local_inputs):
+    B_local, T, H_local, d = local_inputs[0].shape
+    blocks = {4: pl.BlockSpec((None, T, None, d), lambda b, h: (b, 0, h, 0)),   # [B, T, H, d]
+              2: pl.BlockSpec((None, d), lambda b, h: (h, 0)),                  # gains [H, d]
+              3: pl.BlockSpec((None, None, d), lambda b, h: (b, h, 0))}         # sums [B, H, d]
+    shapes = {4: local_inputs[0].shape, 3: (B_local, H_local, d)}
+    local_outs = [jax.ShapeDtypeStruct(shapes[len(s.shape)], s.dtype) for s in out_shapes]
+    return pl.pallas_call(kernel, out_shape=tuple(local_outs), grid=(B_local, H_local),
+                          in_specs=[blocks[x.ndim] for x in local_inputs],
+                          out_specs=tuple(blocks[len(s.shape)] for s in local_outs),
+                          interpret=interpret, **params)(*local_inputs)
+  return local
 
 
 def _mesh_specs(B, H):
@@ -178,43 +186,61 @@ def _gains_Hd(gains, d):
   return tuple(jnp.broadcast_to(g.reshape(-1, 1), (g.shape[0], d)) for g in gains)
 
 
+BACKENDS = ("gpu", "tpu")   # whose kernels: Triton's here, Mosaic's in combine_kernel_tpu.py
+
+
 def causal_combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, has_skip, interpret,
-                   addend_BTHd=None):
+                   addend_BTHd=None, backend="gpu"):
   """`resid * (A v) + skip * v - centre * (C v)` [B, T, H, d] in A v's dtype, causal C; gains
   float32 [H] (`skip_H` ignored unless `has_skip`). `addend_BTHd` (optional): added before
-  the rounding."""
-  return _combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret)
+  the rounding. `backend`: whose kernels (BACKENDS), run as they are or `interpret`ed."""
+  if backend not in BACKENDS:
+    raise ValueError(f"Unknown combine kernel backend {backend!r}; expected one of {BACKENDS}.")
+  return _combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret,
+                  backend)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret,
+             backend):
   out, _ = _forward(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip,
-                    interpret)
+                    interpret, backend)
   return out
 
 
-def _forward(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret):
+def _forward(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret,
+             backend):
   d = v_BTHd.shape[-1]
   addend = () if addend_BTHd is None else (addend_BTHd,)
-  kernel = functools.partial(_forward_kernel, has_skip=has_skip, has_addend=bool(addend))
-  [out_BTHd] = _call(kernel, (av_BTHd, v_BTHd) + _gains_Hd((resid_H, skip_H, centre_H), d)
-                     + addend, [jax.ShapeDtypeStruct(av_BTHd.shape, av_BTHd.dtype)],
-                     interpret=interpret)
+  out_shapes = [jax.ShapeDtypeStruct(av_BTHd.shape, av_BTHd.dtype)]
+  if backend == "tpu":
+    local = functools.partial(combine_kernel_tpu.forward_local, has_skip=has_skip,
+                              interpret=interpret)
+  else:
+    local = _gpu_local(functools.partial(_forward_kernel, has_skip=has_skip,
+                                         has_addend=bool(addend)), out_shapes,
+                       interpret=interpret)
+  [out_BTHd] = _call(local, (av_BTHd, v_BTHd) + _gains_Hd((resid_H, skip_H, centre_H), d)
+                     + addend, out_shapes)
   # The addend rides along for its dtype only: the backward reads no element of it.
   return out_BTHd, (av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd)
 
 
-def _backward(has_skip, interpret, residuals, g_BTHd):
+def _backward(has_skip, interpret, backend, residuals, g_BTHd):
   av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd = residuals
   B, _, H, d = v_BTHd.shape
   sums = jax.ShapeDtypeStruct((B, H, d), jnp.float32)
-  kernel = functools.partial(_backward_kernel, has_skip=has_skip)
+  out_shapes = [jax.ShapeDtypeStruct(av_BTHd.shape, av_BTHd.dtype),
+                jax.ShapeDtypeStruct(v_BTHd.shape, v_BTHd.dtype), sums, sums, sums]
+  if backend == "tpu":
+    local = functools.partial(combine_kernel_tpu.backward_local, has_skip=has_skip,
+                              interpret=interpret)
+  else:
+    local = _gpu_local(functools.partial(_backward_kernel, has_skip=has_skip), out_shapes,
+                       interpret=interpret)
   dav, dv, dresid, dskip, dcentre = _call(
-      kernel, (g_BTHd.astype(av_BTHd.dtype), av_BTHd, v_BTHd)
-      + _gains_Hd((resid_H, skip_H, centre_H), d),
-      [jax.ShapeDtypeStruct(av_BTHd.shape, av_BTHd.dtype),
-       jax.ShapeDtypeStruct(v_BTHd.shape, v_BTHd.dtype), sums, sums, sums],
-      interpret=interpret)
+      local, (g_BTHd.astype(av_BTHd.dtype), av_BTHd, v_BTHd)
+      + _gains_Hd((resid_H, skip_H, centre_H), d), out_shapes)
   head_sum = lambda s_BHd, like: s_BHd.sum(axis=(0, 2)).astype(like.dtype)
   dskip_H = head_sum(dskip, skip_H) if has_skip else jnp.zeros_like(skip_H)
   d_addend = None if addend_BTHd is None else g_BTHd.astype(addend_BTHd.dtype)

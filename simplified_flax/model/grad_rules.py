@@ -18,13 +18,14 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          and SAS-P at the paper's shape on an H200; Pre-LN, whose value GEMM XLA merges with
          c_attn, unchanged). A barrier in the forward would cost more: the bias add could no
          longer fuse into the split.
-  combine (GPU) the fused form's causal combine `beta A v + alpha v - gamma C v` and its
-         backward as one Pallas kernel each (`combine_kernel.py`): C v and C^T g stay in
-         registers and the gain gradients are the backward's row sums, where XLA:GPU writes
-         the float32 C v out and reads it back in kernels of its own (-2.8 GB per step for
-         SAS-P at the paper's shape on an H200; float32 round-off); in a parallel block
-         the kernels also take the block's sum with the MLP branch. Where "on" applies it
-         off a GPU, the kernels run in Pallas interpret mode (slow; for tests).
+  combine (GPU, TPU) the fused form's causal combine `beta A v + alpha v - gamma C v` and
+         its backward as one Pallas kernel each (`combine_kernel.py`; Mosaic kernels of their
+         own on a TPU, `combine_kernel_tpu.py`): C v and C^T g stay on chip and the gain
+         gradients are the backward's row sums, where XLA writes the float32 C v out and
+         reads it back in kernels of its own (-2.8 GB per step for SAS-P at the paper's
+         shape on an H200, -2.9 GB per chip on a v5e-8; float32 round-off); in a parallel
+         block the kernels also take the block's sum with the MLP branch. Where "on"
+         applies it on a CPU, the kernels run in Pallas interpret mode (slow; for tests).
   skip   (GPU) a trainable block skip gain's gradient, sum(g * x) over [B, T, D], as a sum
          over B and T held by an optimization barrier, then over D. Where x is the combine
          kernels' output (SAS's MLP skip; `Block` decides), XLA:GPU then computes the
@@ -51,8 +52,8 @@ from simplified_flax.model import target_platform
 
 MODES = ("auto", "on", "off")
 # Where "auto" applies each rule.
-AUTO_PLATFORM = {"dense": "cpu", "gains": "cpu", "relu": "gpu", "split": "gpu", "combine": "gpu",
-                 "skip": "gpu"}
+AUTO_PLATFORM = {"dense": ("cpu",), "gains": ("cpu",), "relu": ("gpu",), "split": ("gpu",),
+                 "combine": ("gpu", "tpu"), "skip": ("gpu",)}
 _MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
 
 
@@ -75,7 +76,7 @@ def enabled(rule: str = "dense") -> bool:
   """Whether `rule` (a key of AUTO_PLATFORM) applies under the chosen mode on the platform the
   step is compiled for."""
   mode = _MODE.get()
-  return mode == "on" or (mode == "auto" and target_platform.current() == AUTO_PLATFORM[rule])
+  return mode == "on" or (mode == "auto" and target_platform.current() in AUTO_PLATFORM[rule])
 
 
 def matmul(x_ND, kernel_DF):
