@@ -2,6 +2,7 @@
 
     python experiments/compiled_targets.py                    # ~30 min on 2 cores
     python experiments/compiled_targets.py --rows=variants    # or long_context, depth, pod
+    python experiments/compiled_targets.py --rows=variants --targets=v5e-8 --update
     python experiments/compiled_targets.py --tiny --output=/tmp/compiled   # CI: tiny shapes
 
 Writes `<output>/report.md`, `results.json` and `roofline_vs_preln.png` (default output
@@ -17,7 +18,10 @@ experiments/results/compiled). Each row is one `python -m simplified_flax.compil
   depth         SAS-P at 18 and 72 layers on v5e-8, model.scan_layers on and off: compile
                 seconds on this host (the one timing here) and the 72-to-18 ratio;
   pod           SAS-P on v5e-256 (64 hosts) with parallel.fsdp=8, batch 512.
-Figures are read from the compiled programs (aot/report.py): estimates, not timings.
+Figures are read from the compiled programs (aot/report.py): estimates, not timings. Each row
+records the script's command and the commit it compiled (`+changes` where the package or the
+configs differed from it); `--update` recompiles only the rows asked for and keeps the rest of
+`<output>/results.json`, so the report says which rows were compiled when.
 """
 import argparse
 import concurrent.futures
@@ -53,13 +57,27 @@ def command(variant: str, target: str, overrides: Dict[str, Any]) -> List[str]:
           *[f"--config.{k}={v}" for k, v in overrides.items()], "--json"]
 
 
-def compile_row(variant: str, target: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
+def source_commit() -> str | None:
+  """The checkout's short commit, `+changes` where the package or the configs differ from it
+  (what a row compiled); None outside a git checkout."""
+  git = lambda *args: subprocess.run(["git", "-C", report_lib.REPO_ROOT, *args],
+                                     capture_output=True, text=True, check=False)
+  head = git("rev-parse", "--short", "HEAD")
+  if head.returncode:
+    return None
+  changed = git("status", "--porcelain", "--", "simplified_flax", "configs").stdout.strip()
+  return head.stdout.strip() + ("+changes" if changed else "")
+
+
+def compile_row(variant: str, target: str, overrides: Dict[str, Any],
+                made: Dict[str, Any]) -> Dict[str, Any]:
   """One row: the command's JSON report, or {"fits": False, "error": <its one line>}. Each
-  row is its own process, as a user runs it (a compiler that crashes costs only its row)."""
+  row is its own process, as a user runs it (a compiler that crashes costs only its row).
+  `made`: the script's command and commit, recorded on the row."""
   argv = command(variant, target, overrides)
   row = {"variant": variant, "target": target, "overrides": overrides,
          "command": shlex.join(argv), "date": datetime.date.today().isoformat(),
-         "versions": report.versions()}   # a row that fails has them too
+         "versions": report.versions(), **made}   # a row that fails has them too
   print(row["command"], flush=True)
   proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True,
                         cwd=report_lib.REPO_ROOT, check=False)
@@ -99,6 +117,43 @@ def pod_rows(shape: Dict[str, Any], tiny: bool) -> List[tuple]:
   return [("sas_p", "v5e-64" if tiny else "v5e-256", dict(shape, **pod))]
 
 
+def row_key(row: Dict[str, Any]) -> str:
+  """What makes two rows the same row: variant, target and overrides."""
+  return json.dumps([row["variant"], row["target"], row["overrides"]], sort_keys=True)
+
+
+def merged(kept: Dict[str, Any], fresh: Dict[str, Any]) -> Dict[str, Any]:
+  """`fresh` results with the rows of `kept` that it did not compile: a row compiled again
+  takes its old row's place, a new one goes last."""
+  out = dict(fresh)
+  for name in ROWS:
+    if name not in kept:
+      continue
+    rows = list(kept[name])
+    where = {row_key(r): i for i, r in enumerate(rows)}
+    for row in fresh.get(name, []):
+      if row_key(row) in where:
+        rows[where[row_key(row)]] = row
+      else:
+        rows.append(row)
+    out[name] = rows
+  return out
+
+
+def kept_results(output: str, shape: Dict[str, Any]) -> Dict[str, Any]:
+  """`<output>/results.json` for --update ({} where there is none); exits with one line, before
+  anything is compiled, where it holds another shape."""
+  path = os.path.join(output, "results.json")
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    kept = json.load(f)
+  if kept.get("shape") != shape:
+    sys.exit(f"compiled_targets.py: error: --update: {path} holds the shape {kept.get('shape')}, "
+             f"this run compiles {shape}; drop --update or pass another --output.")
+  return kept
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rows", default=",".join(ROWS), help=f"Comma-separated of {ROWS}.")
@@ -109,19 +164,26 @@ def main(argv=None) -> None:
   parser.add_argument("--tiny", action="store_true", help="Tiny shapes (checks the script).")
   parser.add_argument("--output", default=os.path.join(report_lib.REPO_ROOT, "experiments",
                                                        "results", "compiled"))
+  parser.add_argument("--update", action="store_true", help="Keep the rows of "
+                      "<output>/results.json that this run does not compile; replace those "
+                      "it does.")
   args = parser.parse_args(argv)
   shape = SHAPES["tiny" if args.tiny else "paper"]
   chosen = args.rows.split(",")
-  results: Dict[str, Any] = {"shape": shape, "versions": report.versions(),
-                             "script": shlex.join(["python", "experiments/compiled_targets.py",
-                                                   *(sys.argv[1:] if argv is None else argv)])}
+  kept = kept_results(args.output, shape) if args.update else {}
+  script = shlex.join(["python", "experiments/compiled_targets.py",
+                       *(sys.argv[1:] if argv is None else argv)])
+  made = {"script": script, "commit": source_commit()}
+  results: Dict[str, Any] = {"shape": shape, "versions": report.versions(), "script": script}
   planned = {"variants": variant_rows(shape, args.variants.split(","), args.targets.split(",")),
              "long_context": long_context_rows(shape, args.tiny),
              "depth": depth_rows(shape, args.tiny), "pod": pod_rows(shape, args.tiny)}
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
     for name in ROWS:
       if name in chosen:
-        results[name] = list(pool.map(lambda row: compile_row(*row), planned[name]))
+        results[name] = list(pool.map(lambda row: compile_row(*row, made), planned[name]))
+  if kept:
+    results = merged(kept, results)
   os.makedirs(args.output, exist_ok=True)
   text = compiled_targets_report.markdown(results)
   report_lib.write_report(args.output, text, results)

@@ -115,12 +115,28 @@ def _ratio_notes(results) -> List[str]:
   return notes
 
 
+def _provenance_lines(results: Dict[str, Any]) -> List[str]:
+  """One line per (script command, commit, date, versions) that compiled rows, naming them."""
+  groups: Dict[tuple, List[str]] = {}
+  for name in ("variants", "long_context", "depth", "pod"):
+    for r in results.get(name, []):
+      versions = ", ".join(f"{k} {v}" for k, v in r.get("versions", {}).items())
+      key = (r.get("script", results["script"]), r.get("commit") or "an unrecorded commit",
+             r.get("date", "-"), versions)
+      what = f"{name} on {r['target']}" if name == "variants" else name
+      labels = groups.setdefault(key, [])
+      if what not in labels:
+        labels.append(what)
+  return [f"- `{script}` at {commit}, {date} ({versions}): the {', '.join(labels)} rows."
+          for (script, commit, date, versions), labels in groups.items()]
+
+
 def markdown(results: Dict[str, Any]) -> str:
   """The report: what was compiled, how to read it, the tables, every row's command."""
   lines = ["# The train step compiled for accelerators, read from the programs", "",
-           f"Made {datetime.date.today().isoformat()} by `{results['script']}` on a CPU-only "
-           f"host, with {', '.join(f'{k} {v}' for k, v in results['versions'].items())}. "
-           f"Shape overrides: `{results['shape']}`.", "",
+           f"Written {datetime.date.today().isoformat()} on a CPU-only host. Shape overrides: "
+           f"`{results['shape']}`. The rows were compiled by:", "", *_provenance_lines(results),
+           "",
            "Every figure is read from the program XLA compiled for the target "
            "(`python -m simplified_flax.compile`): buffers, FLOPs and bytes per device are "
            "exact for that program; the roofline (the sum over kernels of max(FLOPs / peak, "

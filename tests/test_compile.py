@@ -253,3 +253,37 @@ def test_the_report_compares_tpu_rows_by_xla_bytes_and_gpu_rows_without():
                                            "variants": rows})
   assert "| 30.45 (1.050) |" in text and "| 29.00 (1.000) |" in text
   assert text.count("| - | 1.00 (splash) |") == 2   # the GPU rows have no XLA byte count
+
+
+def test_update_replaces_the_rows_it_compiles_keeps_the_rest_and_names_their_commits(tmp_path):
+  from experiments import compiled_targets  # pylint: disable=import-outside-toplevel
+  from experiments import compiled_targets_report  # pylint: disable=import-outside-toplevel
+  def row(variant, target, commit, roofline):
+    return {"variant": variant, "target": target, "overrides": {"model.attention_impl": "auto"},
+            "command": f"compile {variant} {target}", "date": "2026-12-0" + commit[-1],
+            "script": f"python experiments/compiled_targets.py --targets={target}",
+            "commit": commit, "versions": {"jax": "0.10.2"}, "fits": True,
+            "flops_per_device": 1e12, "bytes_per_device": 6e10,
+            "non_matmul_bytes_per_device": 5e10, "roofline_step_s": roofline,
+            "memory_per_device_bytes": {"total": 2 ** 30}, "attention_kernel": "splash"}
+  kept = {"shape": {"dtype": "bfloat16"}, "script": "old", "versions": {},
+          "variants": [row("preln", "h200", "aaaaaa1", 0.025),
+                       row("sas_p", "h200", "aaaaaa1", 0.023),
+                       row("preln", "v5e-8", "aaaaaa1", 0.08)],
+          "depth": [dict(row("sas_p", "v5e-8", "aaaaaa1", 0.08), overrides={"model.n_layer": 72})]}
+  fresh = {"shape": {"dtype": "bfloat16"}, "script": "new", "versions": {},
+           "variants": [row("preln", "v5e-8", "bbbbbb2", 0.07),
+                        row("sas_p", "v5e-8", "bbbbbb2", 0.06)]}
+  out = compiled_targets.merged(kept, fresh)
+  assert [(r["variant"], r["target"], r["commit"]) for r in out["variants"]] == [
+      ("preln", "h200", "aaaaaa1"), ("sas_p", "h200", "aaaaaa1"),
+      ("preln", "v5e-8", "bbbbbb2"), ("sas_p", "v5e-8", "bbbbbb2")]
+  assert out["depth"] == kept["depth"]
+  text = compiled_targets_report.markdown(out)
+  assert ("- `python experiments/compiled_targets.py --targets=v5e-8` at bbbbbb2, 2026-12-02 "
+          "(jax 0.10.2): the variants on v5e-8 rows.") in text
+  assert "at aaaaaa1, 2026-12-01 (jax 0.10.2): the variants on h200, variants on v5e-8" not in text
+  (tmp_path / "results.json").write_text(json.dumps(kept))
+  assert compiled_targets.kept_results(str(tmp_path), {"dtype": "bfloat16"}) == kept
+  with pytest.raises(SystemExit, match="holds the shape"):
+    compiled_targets.kept_results(str(tmp_path), {"dtype": "float32"})
