@@ -17,12 +17,14 @@ def _impl(row) -> str:
 
 
 def with_ratios(rows: List[Dict[str, Any]]) -> None:
-  """Sets each variant row's `x_preln`: Pre-LN's roofline over its own, same target and path."""
+  """Sets each variant row's `x_preln` (Pre-LN's roofline over its own), `bytes_x_preln` and
+  `xla_bytes_x_preln` (its bytes over Pre-LN's), against Pre-LN on the same target and path."""
   for row in rows:
     ref = [r for r in rows if r["variant"] == "preln" and r["target"] == row["target"]
            and _impl(r) == _impl(row) and r.get("roofline_step_s")]
     if ref and row.get("roofline_step_s"):
       row["x_preln"] = ref[0]["roofline_step_s"] / row["roofline_step_s"]
+      row["bytes_x_preln"] = row["bytes_per_device"] / ref[0]["bytes_per_device"]
     if ref and _xla_bytes(row) and _xla_bytes(ref[0]):
       row["xla_bytes_x_preln"] = _xla_bytes(row) / _xla_bytes(ref[0])
 
@@ -47,13 +49,14 @@ def _variant_lines(rows, paper) -> List[str]:
                     "does not fit"])
       continue
     table.append([r["target"], _impl(r), r["variant"], f"{r['flops_per_device'] / 1e12:.2f}",
-                  f"{r['bytes_per_device'] / 1e9:.1f}",
+                  f"{r['bytes_per_device'] / 1e9:.2f} ({r.get('bytes_x_preln', 0):.3f})",
                   f"{r['non_matmul_bytes_per_device'] / 1e9:.1f}",
                   f"{r['roofline_step_s'] * 1e3:.2f}", f"{r.get('x_preln', 0):.3f}",
                   paper.get(r["variant"], "-"), _xla_bytes_cell(r),
                   f"{r['memory_per_device_bytes']['total'] / GiB:.2f} ({r['attention_kernel']})"])
   return report_lib.markdown_table(
-      ["target", "path", "variant", "TFLOP/device", "GB moved", "non-matmul GB", "roofline ms",
+      ["target", "path", "variant", "TFLOP/device", "GB moved (x Pre-LN)", "non-matmul GB",
+       "roofline ms",
        "x Pre-LN", "paper", "XLA bytes GB (x Pre-LN)", "GiB/device (kernel)"], table,
       align="lll" + "r" * 8)
 
@@ -141,10 +144,11 @@ def markdown(results: Dict[str, Any]) -> str:
            "(`python -m simplified_flax.compile`): buffers, FLOPs and bytes per device are "
            "exact for that program; the roofline (the sum over kernels of max(FLOPs / peak, "
            "bytes / HBM bandwidth), published peaks) is an estimate, not a timing. Compile "
-           "seconds are the one timing, on this host. On a TPU, compare steps by XLA's own "
-           "`cost_analysis` bytes (the 'XLA bytes' column, with its ratio to Pre-LN's): they "
-           "count buffers as the TPU lays them out, while the HLO reading counts each weight "
-           "prefetch with its whole source buffer and no tile padding (docs/compile.md).", ""]
+           "seconds are the one timing, on this host. 'GB moved' is HBM traffic: on a TPU, "
+           "buffers the compiler keeps in on-chip VMEM count nothing and arrays are padded to "
+           "the TPU's tiles. The 'XLA bytes' column (TPU only, with its ratio to Pre-LN's) is "
+           "XLA's own `cost_analysis`, which counts VMEM accesses and memory-space "
+           "assignment's copies too (docs/compile.md).", ""]
   if results.get("variants"):
     lines += ["## Decoder variants (paper shape)", "",
               *_variant_lines(results["variants"], PAPER_TABLE), ""]

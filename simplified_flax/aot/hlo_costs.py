@@ -15,8 +15,14 @@ Counting rules (XLA's own cost-analysis conventions, applied per instruction):
     GEMM custom calls, and dots inside fusions); one per result element of any other
     arithmetic instruction (a reduce: one per input element); data movement and library
     calls other than GEMMs (e.g. cuDNN attention) count none.
-  * bytes: the kernel's operands plus its result, i.e. what it reads and writes in memory
-    (a fusion's intermediates stay in registers and are not counted).
+  * bytes: the kernel's operands plus its result, i.e. what it reads and writes in the
+    device's main memory (HBM; a fusion's intermediates stay in registers and are not
+    counted), each array as device_bytes.py stores it: arrays a TPU program keeps in on-chip
+    memory (`S(1)`, VMEM) count none, and TPU tiles are padded (d = 64 in 128 lanes).
+  * An asynchronous copy (`copy-start` ... `copy-done`, a TPU's prefetch into VMEM or
+    eviction from it) moves its buffer once: its source and destination, each where it lies
+    in HBM, at the start; the done counts none. An asynchronous slice (`slice-start`, a TPU's
+    prefetch of a weight's rows) reads and writes the slice, each side where it lies in HBM.
   * A GEMM custom call (e.g. `__cublas$lt$matmul`) returns a tuple (result, s8[...] workspace):
     only the first element is its result, for FLOPs and bytes alike; the workspace is scratch
     the library may leave untouched, and counting it as result elements would inflate a
@@ -36,9 +42,9 @@ import math
 import re
 from typing import Dict, List, Optional
 
-DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
-               "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-               "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+from simplified_flax.aot import device_bytes
+from simplified_flax.aot.device_bytes import DTYPE_BYTES
+
 # Instructions that never run as a kernel of their own, or only organise others.
 NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
                "conditional", "call", "after-all", "partition-id", "replica-id"}
@@ -89,8 +95,26 @@ class Program:
 
 
 def shape_bytes(shape: str) -> float:
-  return sum(DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
-             for dtype, dims in _SHAPE.findall(shape))
+  """A shape's bytes in the device's main memory (device_bytes.py)."""
+  return device_bytes.device_bytes(shape)
+
+
+ASYNC_DONE = ("copy-done", "slice-done")   # completions: their start moved the bytes
+
+
+def _async_start_bytes(inst: Instruction, shapes) -> Optional[float]:
+  """The bytes an asynchronous copy or slice moves, counted at its start: the source read
+  and the destination written, each where it lies in HBM; None for other instructions. Its
+  result tuple holds (source alias, destination, context)."""
+  if inst.opcode not in ("copy-start", "slice-start") or not inst.operands:
+    return None
+  source = device_bytes.arrays(shapes.get(inst.operands[0], ""))
+  moved = device_bytes.arrays(inst.shape)[-2:-1]   # the destination (the slice)
+  if not source or not moved:
+    return None
+  read_from_hbm = device_bytes.memory_space(source[0]) == 0
+  return (device_bytes.stored_bytes(moved[0]) * read_from_hbm
+          + device_bytes.device_bytes(moved[0]))
 
 
 def shape_elements(shape: str) -> int:
@@ -222,13 +246,24 @@ def parse(hlo_text: str) -> Program:
       continue   # fused computations' members run inside their fusion's kernel
     inst.runs = runs[inst.computation]
     inst.flops = _flops(inst, shapes, computations, called)
-    inst.bytes = shape_bytes(result_shape(inst)) + sum(shape_bytes(shapes.get(o, ""))
-                                               for o in inst.operands)
-    inst.bytes -= _bytes_updated_in_place(inst, instructions, roots, called)
-    inst.bytes -= _bytes_not_sliced(inst, instructions, computations, called, users)
+    inst.bytes = _bytes(inst, instructions, computations, roots, called, users)
     inst.is_matmul = _has_matmul(inst, computations, called)
     kernels[name] = inst
   return Program(module.group(1) if module else "", instructions, kernels, called)
+
+
+def _bytes(inst: Instruction, instructions, computations, roots, called, users) -> float:
+  """What a kernel reads and writes in HBM: its operands and result, less the buffers it only
+  updates or reads in slices; an asynchronous start its transfer, a done none."""
+  shapes = lambda name: instructions[name].shape if name in instructions else ""
+  if inst.opcode in ASYNC_DONE:
+    return 0.0
+  moved = _async_start_bytes(inst, {o: shapes(o) for o in inst.operands})
+  if moved is not None:
+    return moved
+  total = shape_bytes(result_shape(inst)) + sum(shape_bytes(shapes(o)) for o in inst.operands)
+  total -= _bytes_updated_in_place(inst, instructions, roots, called)
+  return total - _bytes_not_sliced(inst, instructions, computations, called, users)
 
 
 def _bytes_updated_in_place(inst: Instruction, instructions, roots, called) -> float:
