@@ -136,3 +136,15 @@ ENTRY %main (x: bf16[16,128,64], w: f32[1024,768]) -> (bf16[16,128,64], f32[256,
   assert kernels["doubled"].bytes == x_in_lanes    # reads VMEM, writes HBM
   assert kernels["rows"].bytes == 256 * 768 * 4    # the slice, not the whole [1024, 768]
   assert kernels["x_vmem"].bytes == kernels["rows_vmem"].bytes == 0
+
+
+def test_hlo_costs_count_an_embedding_lookup_as_the_rows_it_reads():
+  """A gather from a [V, D] table reads the N rows it gathers, not the whole table."""
+  def f(table_VD, tokens_N):
+    return jnp.take(table_VD, tokens_N, axis=0) * 2.0
+
+  table_VD, tokens_N = jnp.ones((4096, 64)), jnp.arange(32)
+  program = hlo_costs.parse(jax.jit(f).lower(table_VD, tokens_N).compile().as_text())
+  table_bytes, rows_bytes = 4 * 4096 * 64, 4 * 32 * 64
+  total = sum(k.bytes * k.runs for k in program.kernels.values())
+  assert rows_bytes < total < table_bytes

@@ -31,9 +31,10 @@ Counting rules (XLA's own cost-analysis conventions, applied per instruction):
     writing one step's slice of its stacked output) writes into its operand's buffer: it reads
     and writes the slice it updates, not the whole buffer, so that buffer's bytes count
     neither as read nor as written (XLA's own cost analysis counts it so).
-  * A slice read (a `dynamic-slice` or `slice`, or a fusion whose parameter feeds only such
-    slices, e.g. a scan's backward reading one step of its stacked residuals) reads the slices,
-    not the whole buffer: the buffer counts as those slices' bytes.
+  * A slice read (a `dynamic-slice`, `slice` or `gather`, or a fusion whose parameter feeds
+    only such reads, e.g. a scan's backward reading one step of its stacked residuals, or an
+    embedding lookup's rows of its table) reads the slices, not the whole buffer: the buffer
+    counts as those slices' bytes (at most its own).
   * runs: executions per call of the program: 1 in the entry computation, times the known
     trip count of each enclosing `while` loop (XLA's `known_trip_count`; 1 when unknown).
 """
@@ -291,7 +292,7 @@ def _bytes_updated_in_place(inst: Instruction, instructions, roots, called) -> f
   return saved
 
 
-SLICES = ("dynamic-slice", "slice")
+SLICES = ("dynamic-slice", "slice", "gather")   # reads of part of their first operand
 
 
 def _bytes_not_sliced(inst: Instruction, instructions, computations, called, users) -> float:
