@@ -148,3 +148,20 @@ def test_hlo_costs_count_an_embedding_lookup_as_the_rows_it_reads():
   table_bytes, rows_bytes = 4 * 4096 * 64, 4 * 32 * 64
   total = sum(k.bytes * k.runs for k in program.kernels.values())
   assert rows_bytes < total < table_bytes
+
+
+def test_hlo_costs_count_a_tpu_batched_matmul_written_as_a_dilated_window():
+  """A TPU writes attention's logits einsum (batch and heads as batch dimensions) as a
+  convolution whose window has lhs_dilate equal to its size: one tap per output lands on an
+  input element, so it costs 2 * outputs * d, not that times the window's 16 x 12 taps."""
+  hlo = """HloModule jit_logits, entry_computation_layout={(bf16[16,128,12,64]{1,3,2,0:T(8,128)(2,1)}, bf16[16,128,12,64]{1,3,2,0:T(8,128)(2,1)})->f32[16,12,128,128]{2,3,1,0:T(8,128)}}
+
+ENTRY %main (q: bf16[16,128,12,64], k: bf16[16,128,12,64]) -> f32[16,12,128,128] {
+  %q = bf16[16,128,12,64]{1,3,2,0:T(8,128)(2,1)} parameter(0)
+  %k = bf16[16,128,12,64]{1,3,2,0:T(8,128)(2,1)} parameter(1)
+  ROOT %logits = f32[16,12,128,128]{2,3,1,0:T(8,128)} convolution(%q, %k), window={size=16x12 stride=15x11 lhs_dilate=16x12}, dim_labels=0b1f_0o1i->01bf
+}
+"""
+  logits = hlo_costs.parse(hlo).kernels["logits"]
+  assert logits.is_matmul
+  assert logits.flops == 2 * (16 * 12 * 128 * 128) * 64

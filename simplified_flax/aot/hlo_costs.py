@@ -176,7 +176,12 @@ def _convolution_contracted(inst: Instruction, shapes: Dict[str, str]) -> int:
   if not labels or len(labels.group(1)) != len(rhs) or "i" not in labels.group(1):
     return 0
   window = re.search(r"window=\{size=([0-9x]+)", inst.attrs)
-  taps = math.prod(int(w) for w in window.group(1).split("x")) if window else 1
+  sizes = [int(w) for w in window.group(1).split("x")] if window else []
+  # A TPU writes a batched matmul's batch dimensions as a window with lhs_dilate equal to its
+  # size: one of its taps lands on an input element per output, the rest on dilation holes.
+  dilate = re.search(r"window=\{[^}]*lhs_dilate=([0-9x]+)", inst.attrs)
+  dilations = [int(d) for d in dilate.group(1).split("x")] if dilate else [1] * len(sizes)
+  taps = math.prod(-(-size // d) for size, d in zip(sizes, dilations))
   return rhs[labels.group(1).index("i")] * taps
 
 
