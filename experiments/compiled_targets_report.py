@@ -56,8 +56,8 @@ def _variant_lines(rows, paper) -> List[str]:
                   f"{r['memory_per_device_bytes']['total'] / GiB:.2f} ({r['attention_kernel']})"])
   return report_lib.markdown_table(
       ["target", "path", "variant", "TFLOP/device", "GB moved (x Pre-LN)", "non-matmul GB",
-       "roofline ms",
-       "x Pre-LN", "paper", "XLA bytes GB (x Pre-LN)", "GiB/device (kernel)"], table,
+       "roofline ms", "x Pre-LN", "paper", "XLA bytes GB (x Pre-LN)", "GiB/device (kernel)"],
+      table,
       align="lll" + "r" * 8)
 
 

@@ -15,10 +15,11 @@ Counting rules (XLA's own cost-analysis conventions, applied per instruction):
     GEMM custom calls, and dots inside fusions); one per result element of any other
     arithmetic instruction (a reduce: one per input element); data movement and library
     calls other than GEMMs (e.g. cuDNN attention) count none.
-  * bytes: the kernel's operands plus its result, i.e. what it reads and writes in the
-    device's main memory (HBM; a fusion's intermediates stay in registers and are not
-    counted), each array as device_bytes.py stores it: arrays a TPU program keeps in on-chip
-    memory (`S(1)`, VMEM) count none, and TPU tiles are padded (d = 64 in 128 lanes).
+  * bytes (kernel_bytes.py): the kernel's operands plus its result, i.e. what it reads and
+    writes in the device's main memory (HBM; a fusion's intermediates stay in registers and
+    are not counted), each array as device_bytes.py stores it: arrays a TPU program keeps
+    in on-chip memory (`S(1)`, VMEM) count none, and TPU tiles are padded (d = 64 in 128
+    lanes).
   * An asynchronous copy (`copy-start` ... `copy-done`, a TPU's prefetch into VMEM or
     eviction from it) moves its buffer once: its source and destination, each where it lies
     in HBM, at the start; the done counts none. An asynchronous slice (`slice-start`, a TPU's
@@ -43,8 +44,7 @@ import math
 import re
 from typing import Dict, List, Optional
 
-from simplified_flax.aot import device_bytes
-from simplified_flax.aot.device_bytes import DTYPE_BYTES
+from simplified_flax.aot import kernel_bytes
 
 # Instructions that never run as a kernel of their own, or only organise others.
 NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
@@ -93,29 +93,6 @@ class Program:
         stack += [c for i in self.instructions.values() if i.computation == computation
                   for c in self.calls.get(i.name, ())]
     return found
-
-
-def shape_bytes(shape: str) -> float:
-  """A shape's bytes in the device's main memory (device_bytes.py)."""
-  return device_bytes.device_bytes(shape)
-
-
-ASYNC_DONE = ("copy-done", "slice-done")   # completions: their start moved the bytes
-
-
-def _async_start_bytes(inst: Instruction, shapes) -> Optional[float]:
-  """The bytes an asynchronous copy or slice moves, counted at its start: the source read
-  and the destination written, each where it lies in HBM; None for other instructions. Its
-  result tuple holds (source alias, destination, context)."""
-  if inst.opcode not in ("copy-start", "slice-start") or not inst.operands:
-    return None
-  source = device_bytes.arrays(shapes.get(inst.operands[0], ""))
-  moved = device_bytes.arrays(inst.shape)[-2:-1]   # the destination (the slice)
-  if not source or not moved:
-    return None
-  read_from_hbm = device_bytes.memory_space(source[0]) == 0
-  return (device_bytes.stored_bytes(moved[0]) * read_from_hbm
-          + device_bytes.device_bytes(moved[0]))
 
 
 def shape_elements(shape: str) -> int:
@@ -252,81 +229,11 @@ def parse(hlo_text: str) -> Program:
       continue   # fused computations' members run inside their fusion's kernel
     inst.runs = runs[inst.computation]
     inst.flops = _flops(inst, shapes, computations, called)
-    inst.bytes = _bytes(inst, instructions, computations, roots, called, users)
+    inst.bytes = kernel_bytes.kernel_bytes(inst, result_shape(inst), instructions, computations,
+                                           roots, called, users)
     inst.is_matmul = _has_matmul(inst, computations, called)
     kernels[name] = inst
   return Program(module.group(1) if module else "", instructions, kernels, called)
-
-
-def _bytes(inst: Instruction, instructions, computations, roots, called, users) -> float:
-  """What a kernel reads and writes in HBM: its operands and result, less the buffers it only
-  updates or reads in slices; an asynchronous start its transfer, a done none."""
-  shapes = lambda name: instructions[name].shape if name in instructions else ""
-  if inst.opcode in ASYNC_DONE:
-    return 0.0
-  moved = _async_start_bytes(inst, {o: shapes(o) for o in inst.operands})
-  if moved is not None:
-    return moved
-  total = shape_bytes(result_shape(inst)) + sum(shape_bytes(shapes(o)) for o in inst.operands)
-  total -= _bytes_updated_in_place(inst, instructions, roots, called)
-  return total - _bytes_not_sliced(inst, instructions, computations, called, users)
-
-
-def _bytes_updated_in_place(inst: Instruction, instructions, roots, called) -> float:
-  """Of `inst`'s operand and result bytes, those of the buffers it updates in place and does
-  not touch beyond the slice: the whole buffer (as an operand and as the result) less the
-  update (read and written)."""
-  shape = lambda name: instructions[name].shape if name in instructions else ""
-  if inst.opcode == "dynamic-update-slice" and len(inst.operands) > 1:
-    return 2 * (shape_bytes(shape(inst.operands[0])) - shape_bytes(shape(inst.operands[1])))
-  if inst.opcode != "fusion" or not called.get(inst.name):
-    return 0.0
-  root = instructions.get(roots.get(called[inst.name][0], ""))
-  outputs = ([instructions.get(o) for o in root.operands] if root and root.opcode == "tuple"
-             else [root])
-  saved = 0.0
-  for out in outputs:
-    if out is None or out.opcode != "dynamic-update-slice" or len(out.operands) < 2:
-      continue
-    buffer = instructions.get(out.operands[0])
-    while buffer is not None and buffer.opcode == "bitcast" and buffer.operands:
-      buffer = instructions.get(buffer.operands[0])   # a bitcast is the same buffer
-    if buffer is None or buffer.opcode != "parameter" or buffer.parameter_number < 0:
-      continue   # a buffer made inside the fusion is written whole
-    saved += 2 * (shape_bytes(buffer.shape) - shape_bytes(shape(out.operands[1])))
-  return saved
-
-
-SLICES = ("dynamic-slice", "slice", "gather")   # reads of part of their first operand
-
-
-def _bytes_not_sliced(inst: Instruction, instructions, computations, called, users) -> float:
-  """Of `inst`'s operand bytes, those of the buffers it reads only slices of: each such buffer
-  less the slices taken from it."""
-  if inst.opcode in SLICES and inst.operands and inst.operands[0] in instructions:
-    return max(0.0, shape_bytes(instructions[inst.operands[0]].shape) - shape_bytes(inst.shape))
-  if inst.opcode != "fusion" or not called.get(inst.name):
-    return 0.0
-  saved = 0.0
-  for param in computations.get(called[inst.name][0], ()):
-    if param.opcode != "parameter" or param.parameter_number >= len(inst.operands):
-      continue
-    readers = _readers_through_bitcasts(param.name, users)
-    if readers and all(r is not None and r.opcode in SLICES for r in readers):
-      saved += max(0.0, shape_bytes(param.shape) - sum(shape_bytes(r.shape) for r in readers))
-  return saved
-
-
-def _readers_through_bitcasts(name: str, users) -> List[Instruction]:
-  """The instructions that read `name`'s buffer, looking through bitcasts (the same buffer),
-  each one reading it as its first operand; [None] if one reads it otherwise."""
-  readers = []
-  for user in users.get(name, []):
-    if user.opcode == "bitcast":
-      readers += _readers_through_bitcasts(user.name, users)
-    else:
-      readers.append(user if user.operands and user.operands[0] == name else None)
-  return readers
 
 
 def _runs_per_computation(entry, computations, called) -> Dict[str, int]:

@@ -1,0 +1,97 @@
+"""What one kernel of a parsed HLO program (hlo_costs.parse) reads and writes in HBM: its
+operands and result as device_bytes.py stores them, by the rules of hlo_costs.py's docstring
+(in-place updates, slice and gather reads, asynchronous copies and slices)."""
+from typing import Any, List
+
+from simplified_flax.aot import device_bytes
+
+shape_bytes = device_bytes.device_bytes   # a shape's bytes in HBM
+ASYNC_DONE = ("copy-done", "slice-done")   # completions: their start moved the bytes
+
+
+def _async_start_bytes(inst, operand_shape: str) -> float | None:
+  """The bytes an asynchronous copy or slice moves, counted at its start: the source read
+  and the destination written, each where it lies in HBM; None for other instructions. Its
+  result tuple holds (source alias, destination, context)."""
+  if inst.opcode not in ("copy-start", "slice-start"):
+    return None
+  source = device_bytes.arrays(operand_shape)
+  moved = device_bytes.arrays(inst.shape)[-2:-1]   # the destination (the slice)
+  if not source or not moved:
+    return None
+  read_from_hbm = device_bytes.memory_space(source[0]) == 0
+  return (device_bytes.stored_bytes(moved[0]) * read_from_hbm
+          + device_bytes.device_bytes(moved[0]))
+
+
+def kernel_bytes(inst, result_shape: str, instructions, computations, roots, called,
+                 users) -> float:
+  """What kernel `inst` (its result `result_shape`, e.g. a GEMM's without its workspace)
+  reads and writes in HBM: its operands and result, less the buffers it only updates or reads
+  in slices; an asynchronous start its transfer, a done none."""
+  shapes = lambda name: instructions[name].shape if name in instructions else ""
+  if inst.opcode in ASYNC_DONE:
+    return 0.0
+  moved = _async_start_bytes(inst, shapes(inst.operands[0]) if inst.operands else "")
+  if moved is not None:
+    return moved
+  total = shape_bytes(result_shape) + sum(shape_bytes(shapes(o)) for o in inst.operands)
+  total -= _bytes_updated_in_place(inst, instructions, roots, called)
+  return total - _bytes_not_sliced(inst, instructions, computations, called, users)
+
+
+def _bytes_updated_in_place(inst, instructions, roots, called) -> float:
+  """Of `inst`'s operand and result bytes, those of the buffers it updates in place and does
+  not touch beyond the slice: the whole buffer (as an operand and as the result) less the
+  update (read and written)."""
+  shape = lambda name: instructions[name].shape if name in instructions else ""
+  if inst.opcode == "dynamic-update-slice" and len(inst.operands) > 1:
+    return 2 * (shape_bytes(shape(inst.operands[0])) - shape_bytes(shape(inst.operands[1])))
+  if inst.opcode != "fusion" or not called.get(inst.name):
+    return 0.0
+  root = instructions.get(roots.get(called[inst.name][0], ""))
+  outputs = ([instructions.get(o) for o in root.operands] if root and root.opcode == "tuple"
+             else [root])
+  saved = 0.0
+  for out in outputs:
+    if out is None or out.opcode != "dynamic-update-slice" or len(out.operands) < 2:
+      continue
+    buffer = instructions.get(out.operands[0])
+    while buffer is not None and buffer.opcode == "bitcast" and buffer.operands:
+      buffer = instructions.get(buffer.operands[0])   # a bitcast is the same buffer
+    if buffer is None or buffer.opcode != "parameter" or buffer.parameter_number < 0:
+      continue   # a buffer made inside the fusion is written whole
+    saved += 2 * (shape_bytes(buffer.shape) - shape_bytes(shape(out.operands[1])))
+  return saved
+
+
+SLICES = ("dynamic-slice", "slice", "gather")   # reads of part of their first operand
+
+
+def _bytes_not_sliced(inst, instructions, computations, called, users) -> float:
+  """Of `inst`'s operand bytes, those of the buffers it reads only slices of: each such buffer
+  less the slices taken from it."""
+  if inst.opcode in SLICES and inst.operands and inst.operands[0] in instructions:
+    return max(0.0, shape_bytes(instructions[inst.operands[0]].shape) - shape_bytes(inst.shape))
+  if inst.opcode != "fusion" or not called.get(inst.name):
+    return 0.0
+  saved = 0.0
+  for param in computations.get(called[inst.name][0], ()):
+    if param.opcode != "parameter" or param.parameter_number >= len(inst.operands):
+      continue
+    readers = _readers_through_bitcasts(param.name, users)
+    if readers and all(r is not None and r.opcode in SLICES for r in readers):
+      saved += max(0.0, shape_bytes(param.shape) - sum(shape_bytes(r.shape) for r in readers))
+  return saved
+
+
+def _readers_through_bitcasts(name: str, users) -> List[Any]:
+  """The instructions that read `name`'s buffer, looking through bitcasts (the same buffer),
+  each one reading it as its first operand; [None] if one reads it otherwise."""
+  readers = []
+  for user in users.get(name, []):
+    if user.opcode == "bitcast":
+      readers += _readers_through_bitcasts(user.name, users)
+    else:
+      readers.append(user if user.operands and user.operands[0] == name else None)
+  return readers
