@@ -44,6 +44,7 @@ import math
 import re
 from typing import Dict, List, Optional
 
+from simplified_flax.aot import device_bytes
 from simplified_flax.aot import kernel_bytes
 
 # Instructions that never run as a kernel of their own, or only organise others.
@@ -56,7 +57,7 @@ NO_FLOPS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "b
             "collective-permute", "all-to-all", "reduce-scatter", "custom-call", "fusion",
             "while", "call", "conditional", "sort", "rng-bit-generator", "optimization-barrier"}
 GEMM_TARGETS = ("gemm", "matmul", "cublas")
-_SHAPE = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_SHAPE = device_bytes.ARRAY   # one array of a shape text: dtype, dims, layout
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([^\s=]+)\s*=\s*(.*)$")
 
 
@@ -96,7 +97,8 @@ class Program:
 
 
 def shape_elements(shape: str) -> int:
-  return sum(math.prod(int(d) for d in dims.split(",") if d) for _, dims in _SHAPE.findall(shape))
+  return sum(math.prod(int(d) for d in found.group(2).split(",") if d)
+             for found in _SHAPE.finditer(shape))
 
 
 def _dims(shape: str) -> List[int]:

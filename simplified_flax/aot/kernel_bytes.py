@@ -6,6 +6,13 @@ from typing import Any, List
 from simplified_flax.aot import device_bytes
 
 shape_bytes = device_bytes.device_bytes   # a shape's bytes in HBM
+
+
+def _shape_of(instructions, name: str) -> str:
+  """The shape text of instruction `name`, "" where the program has none of that name."""
+  return instructions[name].shape if name in instructions else ""
+
+
 ASYNC_DONE = ("copy-done", "slice-done")   # completions: their start moved the bytes
 
 
@@ -29,13 +36,13 @@ def kernel_bytes(inst, result_shape: str, instructions, computations, roots, cal
   """What kernel `inst` (its result `result_shape`, e.g. a GEMM's without its workspace)
   reads and writes in HBM: its operands and result, less the buffers it only updates or reads
   in slices; an asynchronous start its transfer, a done none."""
-  shapes = lambda name: instructions[name].shape if name in instructions else ""
   if inst.opcode in ASYNC_DONE:
     return 0.0
-  moved = _async_start_bytes(inst, shapes(inst.operands[0]) if inst.operands else "")
+  operand_shapes = [_shape_of(instructions, o) for o in inst.operands]
+  moved = _async_start_bytes(inst, operand_shapes[0] if operand_shapes else "")
   if moved is not None:
     return moved
-  total = shape_bytes(result_shape) + sum(shape_bytes(shapes(o)) for o in inst.operands)
+  total = shape_bytes(result_shape) + sum(shape_bytes(shape) for shape in operand_shapes)
   total -= _bytes_updated_in_place(inst, instructions, roots, called)
   return total - _bytes_not_sliced(inst, instructions, computations, called, users)
 
@@ -44,7 +51,7 @@ def _bytes_updated_in_place(inst, instructions, roots, called) -> float:
   """Of `inst`'s operand and result bytes, those of the buffers it updates in place and does
   not touch beyond the slice: the whole buffer (as an operand and as the result) less the
   update (read and written)."""
-  shape = lambda name: instructions[name].shape if name in instructions else ""
+  shape = lambda name: _shape_of(instructions, name)
   if inst.opcode == "dynamic-update-slice" and len(inst.operands) > 1:
     return 2 * (shape_bytes(shape(inst.operands[0])) - shape_bytes(shape(inst.operands[1])))
   if inst.opcode != "fusion" or not called.get(inst.name):
