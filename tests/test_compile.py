@@ -4,6 +4,7 @@ for an accelerator"). Tests that need a compiler skip where it is missing, and f
 under SIMPLIFIED_FLAX_REQUIRE_AOT=1 (CI's accelerator-compiler step)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -61,6 +62,16 @@ def test_a_tpu_program_compiled_on_a_cpu_host_holds_splash_under_shard_map(tpu_s
   assert "bf16[2,2,128,32]" in hlo or "bf16[2,128,2,32]" in hlo
   # SAS-P's causal combine: the TPU's own Mosaic kernels (combine_kernel_tpu.py), each way.
   assert "shaped_combine_forward" in hlo and "shaped_combine_backward" in hlo
+
+
+def test_the_tied_embedding_gradient_is_all_reduced_once(tpu_steps):
+  """The lookup's and the head's float32 [V, D] gradients are added on each chip and summed
+  over the data axis in one all-reduce (model/layers.py, `embedding_lookup`), not reduced,
+  scattered into and reduced again."""
+  table = f"f32[{TINY['model.vocab_size']},{TINY['model.n_embd']}]"
+  results = [found.group(1) for found in re.finditer(r"= (.*) all-reduce(?:-start)?\(",
+                                                      tpu_steps.train.as_text())]
+  assert sum(shapes.count(table) for shapes in results) == 1
 
 
 def test_a_gpu_program_calls_cudnn_attention(gpu_steps):

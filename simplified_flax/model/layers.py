@@ -1,12 +1,15 @@
 """Parts of the block (docs/model.md): norms, gains, the linear layers and their one product, the
 MLP. A gain whose trainable flag is off is a constant, never in the parameter tree.
 """
+import functools
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
+from simplified_flax.model import attention_kernels
 from simplified_flax.model import grad_rules
 from simplified_flax.model import quantize
 from simplified_flax.model import target_platform
@@ -111,6 +114,33 @@ class ReparamLinear(nn.Module):
     resid = gain(self, "resid_gain", s.resid_gain, s.trainable_gains)
     skip = gain(self, "skip_gain", s.skip_gain, s.trainable_gains)
     return matmul(x_BTD.astype(self.dtype), (resid * w_DD + skip * anchor_DD).astype(self.dtype))
+
+
+class Embed(nn.Embed):
+  """`nn.Embed` (the same "embedding" parameter) whose lookup is `embedding_lookup`."""
+
+  def __call__(self, inputs):
+    return embedding_lookup(self.embedding, inputs)
+
+
+def embedding_lookup(table_VD, tokens_BT) -> jax.Array:
+  """table [V, D] rows at int tokens [B, T] -> [B, T, D]: `nn.Embed`'s `jnp.take`, `shard_map`ped
+  over the mesh axes that split the batch (under `jax.pmap` or on one device, as it is).
+
+  Why: its gradient is then each device's rows scatter-added into zeros and summed over those
+  axes in one all-reduce, which XLA adds to the tied head's partial [V, D] gradient before
+  reducing both at once. Left to XLA's partitioner, the head's gradient is all-reduced first,
+  the scatter made into it and the sum all-reduced again (a float32 [V, D] all-reduce more per
+  step), and on a pod with FSDP the partitioner gathers whole-batch activations for the layers'
+  weight gradients (experiments/results/compiled/tpu_log.md)."""
+  take = functools.partial(jnp.take, axis=0)
+  mesh, axes = attention_kernels.ambient_axes()
+  batch_axes = attention_kernels.mesh_split(axes, tokens_BT.shape[0], 1)[0]
+  if not batch_axes:
+    return take(table_VD, tokens_BT)
+  rows = P(batch_axes)
+  return jax.shard_map(take, mesh=mesh, in_specs=(P(), rows), out_specs=rows,
+                       axis_names=frozenset(batch_axes))(table_VD, tokens_BT)
 
 
 def tied_head(x_BTD, embedding_VD, dtype) -> jax.Array:

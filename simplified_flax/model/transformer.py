@@ -50,8 +50,8 @@ class Transformer(nn.Module):
     anchors = self.variable("constants", "anchors", lambda: valproj.anchor_matrices(
         self.make_rng("params"), m)).value
 
-    wte = nn.Embed(m.vocab_size, m.n_embd, embedding_init=layers.normal_init(layers.PLAIN_STD),
-                   name="wte")
+    wte = layers.Embed(m.vocab_size, m.n_embd, name="wte",
+                       embedding_init=layers.normal_init(layers.PLAIN_STD))
     wpe = nn.Embed(m.max_position_embeddings, m.n_embd, name="wpe",
                    embedding_init=layers.normal_init(layers.PLAIN_STD))
     cache_index_B = None
