@@ -165,3 +165,57 @@ ENTRY %main (q: bf16[16,128,12,64], k: bf16[16,128,12,64]) -> f32[16,12,128,128]
   logits = hlo_costs.parse(hlo).kernels["logits"]
   assert logits.is_matmul
   assert logits.flops == 2 * (16 * 12 * 128 * 128) * 64
+
+
+def test_hlo_costs_count_a_scatter_as_its_rows_and_read_a_loop_bound_without_a_trip_count():
+  """A scatter-add (an embedding's gradient) writes its updates' rows into its buffer in
+  place: it reads and writes those rows, never the whole [V, D] table. And a loop that XLA:TPU
+  leaves without `known_trip_count` runs as often as its condition's `i < N` says."""
+  hlo = """HloModule jit_s, entry_computation_layout={(f32[1000,64]{1,0}, s32[8,1]{1,0}, f32[8,64]{1,0})->f32[1000,64]{1,0}}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+%fused_scatter (p0: f32[1000,64], p1: s32[8,1], p2: f32[8,64]) -> f32[1000,64] {
+  %p0 = f32[1000,64]{1,0} parameter(0)
+  %p1 = s32[8,1]{1,0} parameter(1)
+  %p2 = f32[8,64]{1,0} parameter(2)
+  ROOT %scatter = f32[1000,64]{1,0} scatter(%p0, %p1, %p2), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+}
+
+%body (s: (s32[], f32[1000,64], s32[8,1], f32[8,64])) -> (s32[], f32[1000,64], s32[8,1], f32[8,64]) {
+  %s = (s32[], f32[1000,64]{1,0}, s32[8,1]{1,0}, f32[8,64]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %table = f32[1000,64]{1,0} get-tuple-element(%s), index=1
+  %ids = s32[8,1]{1,0} get-tuple-element(%s), index=2
+  %rows = f32[8,64]{1,0} get-tuple-element(%s), index=3
+  %update = f32[1000,64]{1,0} fusion(%table, %ids, %rows), kind=kLoop, calls=%fused_scatter
+  ROOT %out = (s32[], f32[1000,64]{1,0}, s32[8,1]{1,0}, f32[8,64]{1,0}) tuple(%next, %update, %ids, %rows)
+}
+
+%cond (c: (s32[], f32[1000,64], s32[8,1], f32[8,64])) -> pred[] {
+  %c = (s32[], f32[1000,64]{1,0}, s32[8,1]{1,0}, f32[8,64]{1,0}) parameter(0)
+  %n = s32[] constant(5)
+  %counter = s32[] get-tuple-element(%c), index=0
+  ROOT %lt = pred[] compare(%counter, %n), direction=LT
+}
+
+ENTRY %main (t: f32[1000,64], x: s32[8,1], u: f32[8,64]) -> f32[1000,64] {
+  %t = f32[1000,64]{1,0} parameter(0)
+  %x = s32[8,1]{1,0} parameter(1)
+  %u = f32[8,64]{1,0} parameter(2)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[1000,64]{1,0}, s32[8,1]{1,0}, f32[8,64]{1,0}) tuple(%zero, %t, %x, %u)
+  %loop = (s32[], f32[1000,64]{1,0}, s32[8,1]{1,0}, f32[8,64]{1,0}) while(%init), condition=%cond, body=%body
+  ROOT %result = f32[1000,64]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+  update = hlo_costs.parse(hlo).kernels["update"]
+  rows_bytes = 4 * 8 * 64
+  assert update.bytes == 3 * rows_bytes + 4 * 8   # read the updates, read + write the rows; ids
+  assert update.runs == 5

@@ -28,16 +28,20 @@ Counting rules (XLA's own cost-analysis conventions, applied per instruction):
     only the first element is its result, for FLOPs and bytes alike; the workspace is scratch
     the library may leave untouched, and counting it as result elements would inflate a
     weight-gradient GEMM's FLOPs several times over.
-  * An in-place update (a `dynamic-update-slice`, or a fusion whose root is one, e.g. a scan
-    writing one step's slice of its stacked output) writes into its operand's buffer: it reads
-    and writes the slice it updates, not the whole buffer, so that buffer's bytes count
-    neither as read nor as written (XLA's own cost analysis counts it so).
+  * An in-place update (a `dynamic-update-slice` or a `scatter`, or a fusion whose root is
+    one, e.g. a scan writing one step's slice of its stacked output, or an embedding's
+    gradient scatter-added into its table) writes into its operand's buffer: it reads and
+    writes the slice or the rows it updates, not the whole buffer, so that buffer's bytes
+    count neither as read nor as written (XLA's own cost analysis counts it so; XLA updates
+    such a buffer in place, and copies it first, as a kernel of its own, where it cannot).
   * A slice read (a `dynamic-slice`, `slice` or `gather`, or a fusion whose parameter feeds
     only such reads, e.g. a scan's backward reading one step of its stacked residuals, or an
     embedding lookup's rows of its table) reads the slices, not the whole buffer: the buffer
     counts as those slices' bytes (at most its own).
-  * runs: executions per call of the program: 1 in the entry computation, times the known
-    trip count of each enclosing `while` loop (XLA's `known_trip_count`; 1 when unknown).
+  * runs: executions per call of the program: 1 in the entry computation, times the trip
+    count of each enclosing `while` loop: XLA's `known_trip_count` (XLA:GPU records it),
+    else the bound N of a condition `counter < N` (jax's scans and fori_loops count from 0
+    by 1; XLA:TPU records no trip count), else 1.
 """
 import dataclasses
 import math
@@ -71,6 +75,7 @@ class Instruction:
   computation: str
   op_name: str = ""               # jax's name-scope path (metadata op_name)
   parameter_number: int = -1      # a parameter's index, e.g. 1 for `parameter(1)`
+  literal: str = ""               # a constant's value as written, e.g. "7" for `constant(7)`
   flops: float = 0.0
   bytes: float = 0.0
   runs: int = 1
@@ -131,8 +136,10 @@ def _parse_instruction(line: str, computation: str) -> Optional[Instruction]:
   attrs = rest[close:]
   op_name = re.search(r'op_name="([^"]*)"', attrs)
   number = opcode.group(0) == "parameter" and re.match(r"\((\d+)\)", rest[opcode.end():])
+  literal = rest[opcode.end() + 1:close - 1] if opcode.group(0) == "constant" else ""
   return Instruction(name, opcode.group(0), shape, operands, attrs, computation,
-                     op_name.group(1) if op_name else "", int(number.group(1)) if number else -1)
+                     op_name.group(1) if op_name else "", int(number.group(1)) if number else -1,
+                     literal)
 
 
 def _contracted(inst: Instruction, shapes: Dict[str, str]) -> int:
@@ -247,12 +254,29 @@ def _runs_per_computation(entry, computations, called) -> Dict[str, int]:
     for inst in computations.get(parent, ()):
       if inst.opcode not in ("while", "call", "conditional"):
         continue
-      trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', inst.attrs)
-      trips = int(trips.group(1)) if inst.opcode == "while" and trips else 1
+      trips = _trip_count(inst, computations) if inst.opcode == "while" else 1
       for child in called.get(inst.name, ()):
         runs[child] = runs[parent] * trips
         stack.append(child)
   return runs
+
+
+def _trip_count(loop: Instruction, computations) -> int:
+  """A `while` loop's trips: XLA's `known_trip_count` where the program records it (XLA:GPU
+  does); else the bound N of a condition `counter < N` (a scan's counter, from 0 by 1: how
+  jax lowers `lax.scan` and `fori_loop`, and what XLA:TPU leaves unannotated); else 1."""
+  known = re.search(r'"known_trip_count":\{"n":"(\d+)"', loop.attrs)
+  if known:
+    return int(known.group(1))
+  condition = re.search(r"condition=%([^\s,}]+)", loop.attrs)
+  insts = {i.name: i for i in computations.get(condition.group(1) if condition else "", ())}
+  compare = [i for i in insts.values() if i.opcode == "compare" and "direction=LT" in i.attrs]
+  if len(compare) != 1 or len(compare[0].operands) != 2:
+    return 1
+  bound = insts.get(compare[0].operands[1])
+  if bound is None or bound.opcode != "constant" or not bound.literal.isdigit():
+    return 1
+  return int(bound.literal)
 
 
 def totals(program: Program) -> Dict[str, float]:

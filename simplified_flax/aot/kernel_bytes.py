@@ -47,13 +47,27 @@ def kernel_bytes(inst, result_shape: str, instructions, computations, roots, cal
   return total - _bytes_not_sliced(inst, instructions, computations, called, users)
 
 
+def _in_place_pairs(inst) -> List[tuple]:
+  """(buffer operand, update operand) names of an in-place update: a `dynamic-update-slice`
+  (buffer, update, offsets...), or a `scatter` (buffers..., indices, updates...), which
+  writes its updates' rows into its buffers; [] for other instructions."""
+  if inst.opcode == "dynamic-update-slice" and len(inst.operands) > 1:
+    return [(inst.operands[0], inst.operands[1])]
+  if inst.opcode == "scatter" and len(inst.operands) >= 3 and len(inst.operands) % 2 == 1:
+    n = len(inst.operands) // 2
+    return list(zip(inst.operands[:n], inst.operands[n + 1:]))
+  return []
+
+
 def _bytes_updated_in_place(inst, instructions, roots, called) -> float:
   """Of `inst`'s operand and result bytes, those of the buffers it updates in place and does
-  not touch beyond the slice: the whole buffer (as an operand and as the result) less the
+  not touch beyond the update: the whole buffer (as an operand and as the result) less the
   update (read and written)."""
   shape = lambda name: _shape_of(instructions, name)
-  if inst.opcode == "dynamic-update-slice" and len(inst.operands) > 1:
-    return 2 * (shape_bytes(shape(inst.operands[0])) - shape_bytes(shape(inst.operands[1])))
+  pairs = _in_place_pairs(inst)
+  if pairs:
+    return sum(2 * max(0.0, shape_bytes(shape(buffer)) - shape_bytes(shape(update)))
+               for buffer, update in pairs)
   if inst.opcode != "fusion" or not called.get(inst.name):
     return 0.0
   root = instructions.get(roots.get(called[inst.name][0], ""))
@@ -61,14 +75,13 @@ def _bytes_updated_in_place(inst, instructions, roots, called) -> float:
              else [root])
   saved = 0.0
   for out in outputs:
-    if out is None or out.opcode != "dynamic-update-slice" or len(out.operands) < 2:
-      continue
-    buffer = instructions.get(out.operands[0])
-    while buffer is not None and buffer.opcode == "bitcast" and buffer.operands:
-      buffer = instructions.get(buffer.operands[0])   # a bitcast is the same buffer
-    if buffer is None or buffer.opcode != "parameter" or buffer.parameter_number < 0:
-      continue   # a buffer made inside the fusion is written whole
-    saved += 2 * (shape_bytes(buffer.shape) - shape_bytes(shape(out.operands[1])))
+    for buffer_name, update_name in (_in_place_pairs(out) if out is not None else ()):
+      buffer = instructions.get(buffer_name)
+      while buffer is not None and buffer.opcode == "bitcast" and buffer.operands:
+        buffer = instructions.get(buffer.operands[0])   # a bitcast is the same buffer
+      if buffer is None or buffer.opcode != "parameter" or buffer.parameter_number < 0:
+        continue   # a buffer made inside the fusion is written whole
+      saved += 2 * max(0.0, shape_bytes(buffer.shape) - shape_bytes(shape(update_name)))
   return saved
 
 
