@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from simplified_flax.aot import hlo_costs
 from simplified_flax.aot import programs
 from simplified_flax.aot import report
 from simplified_flax.aot import targets
@@ -72,6 +73,19 @@ def test_the_tied_embedding_gradient_is_all_reduced_once(tpu_steps):
   results = [found.group(1) for found in re.finditer(r"= (.*) all-reduce(?:-start)?\(",
                                                       tpu_steps.train.as_text())]
   assert sum(shapes.count(table) for shapes in results) == 1
+
+
+def test_the_lookups_gradient_is_scattered_into_the_heads_in_place(tpu_steps):
+  """Through each chip's copy of the table (layers.table_copies), the lookup's rows are
+  scatter-added into the head's partial gradient, not into a zeroed [V, D] table first."""
+  program = hlo_costs.parse(tpu_steps.train.as_text())
+  table = f"f32[{TINY['model.vocab_size']},{TINY['model.n_embd']}]"
+  scatters = [k for k in program.kernels.values()
+              if "/wte/" in k.op_name and "scatter" in k.op_name and k.shape.startswith(table)
+              and k.opcode in ("scatter", "fusion")]
+  assert len(scatters) == 1
+  read = [program.instructions[name].op_name for name in scatters[0].operands]
+  assert any("transpose(jvp(loss))" in op_name for op_name in read), read
 
 
 def test_a_gpu_program_calls_cudnn_attention(gpu_steps):

@@ -1,7 +1,9 @@
 """Parts of the block (docs/model.md): norms, gains, the linear layers and their one product, the
 MLP. A gain whose trainable flag is off is a constant, never in the parameter tree.
 """
+import dataclasses
 import functools
+import math
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -117,9 +119,12 @@ class ReparamLinear(nn.Module):
 
 
 class Embed(nn.Embed):
-  """`nn.Embed` (the same "embedding" parameter) whose lookup is `embedding_lookup`."""
+  """`nn.Embed` (the same "embedding" parameter) whose lookup is `embedding_lookup`, or, given
+  `copies` of the table (`table_copies`), each device's lookup in its copy."""
 
-  def __call__(self, inputs):
+  def __call__(self, inputs, copies: "TableCopies | None" = None):
+    if copies is not None:
+      return copies.map(functools.partial(jnp.take, axis=0), inputs)
     return embedding_lookup(self.embedding, inputs)
 
 
@@ -132,7 +137,8 @@ def embedding_lookup(table_VD, tokens_BT) -> jax.Array:
   reducing both at once. Left to XLA's partitioner, the head's gradient is all-reduced first,
   the scatter made into it and the sum all-reduced again (a float32 [V, D] all-reduce more per
   step), and on a pod with FSDP the partitioner gathers whole-batch activations for the layers'
-  weight gradients (experiments/results/compiled/tpu_log.md)."""
+  weight gradients (experiments/results/compiled/tpu_log.md). The training loss does better
+  still with `table_copies`."""
   take = functools.partial(jnp.take, axis=0)
   mesh, axes = attention_kernels.ambient_axes()
   batch_axes = attention_kernels.mesh_split(axes, tokens_BT.shape[0], 1)[0]
@@ -141,6 +147,45 @@ def embedding_lookup(table_VD, tokens_BT) -> jax.Array:
   rows = P(batch_axes)
   return jax.shard_map(take, mesh=mesh, in_specs=(P(), rows), out_specs=rows,
                        axis_names=frozenset(batch_axes))(table_VD, tokens_BT)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableCopies:
+  """A table [V, D] once per device along the mesh `axes` that split the batch: `copies_CVD`
+  [n, V, D], sharded over them, device i's block [1, V, D] the table it holds anyway."""
+  copies_CVD: jax.Array
+  axes: tuple[str, ...]
+
+  def map(self, fn: Callable, *rows) -> jax.Array:
+    """`fn(table_VD, *its_rows)` on each device, with its copy and its rows of each of `rows`
+    (split along their first axis over `axes`); the results' rows joined the same way."""
+    split = P(self.axes)
+    return jax.shard_map(lambda copy_1VD, *local: fn(copy_1VD[0], *local),
+                         mesh=jax.sharding.get_abstract_mesh(), in_specs=(split,) * (1 + len(rows)),
+                         out_specs=split, axis_names=frozenset(self.axes))(self.copies_CVD, *rows)
+
+
+def table_copies(table_VD, batch: int) -> Optional[TableCopies]:
+  """The tied table's copies over the mesh axes that split a batch of `batch` rows, for its two
+  uses in training, the token lookup (`Embed`) and the head (training/losses.py); None where
+  no axis splits the batch (one device, `jax.pmap`). For a table that is whole on every
+  device (no FSDP): the copies move no data.
+
+  Why: through each device's copy, the lookup's and the head's gradients are that device's
+  partial sums, which jax adds before the copies' sum, the one all-reduce. XLA then scatters
+  the lookup's rows into the head's gradient in place. Through the shared table (as
+  `embedding_lookup`), each use's gradient is summed over the devices on its own; XLA joins
+  the two all-reduces into one but scatters the rows into a zeroed [V, D] first: on a v5e-8
+  at the paper's shape 0.30 GB a chip more HBM traffic a step, and the head's weight
+  gradient held to the end of the backward (+0.43 GiB of temporaries)."""
+  _, axes = attention_kernels.ambient_axes()
+  batch_axes = attention_kernels.mesh_split(axes, batch, 1)[0]
+  if not batch_axes:
+    return None
+  n = math.prod(size for name, size in axes if name in batch_axes)
+  copies_CVD = jax.lax.with_sharding_constraint(
+      jnp.broadcast_to(table_VD[None], (n, *table_VD.shape)), P(batch_axes))
+  return TableCopies(copies_CVD, batch_axes)
 
 
 def tied_head(x_BTD, embedding_VD, dtype) -> jax.Array:

@@ -38,10 +38,13 @@ class Transformer(nn.Module):
       return self._forward(tokens_BT, **kwargs)
 
   def _forward(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False,
-               decode: bool = False, lengths=None, return_hidden: bool = False):
+               decode: bool = False, lengths=None, return_hidden: bool = False,
+               table_copies=None):
     """`lengths` [B] (decode only): the real leading tokens of each row (default T), by which
     its cache index advances. `return_hidden`: the final LayerNorm's output [B, T, D] instead
-    of the logits (for a task head, glue/classifier.py); the parameters are the same."""
+    of the logits (for a task head, glue/classifier.py, or the training loss's tied head);
+    the parameters are the same. `table_copies` (layers.table_copies of the `wte` table):
+    the token lookup reads them, as the training loss's head does."""
     m = self.cfg
     B, T = tokens_BT.shape
     if T > m.max_position_embeddings:
@@ -63,7 +66,7 @@ class Transformer(nn.Module):
       positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
     else:   # the position inside each (contiguous) segment
       positions_BT = jnp.arange(T) - masks.segment_run_starts(segment_ids)
-    x_BTD = (wte(tokens_BT) + wpe(positions_BT)).astype(self.dtype)
+    x_BTD = (wte(tokens_BT, table_copies) + wpe(positions_BT)).astype(self.dtype)
     x_BTD = nn.Dropout(m.dropout_rate, deterministic=not train)(x_BTD)
 
     x_BTD = layer_stack.run_blocks(self, m, x_BTD, anchors, causal=self.causal, dtype=self.dtype,

@@ -9,9 +9,12 @@ Encoder (MLM): position t predicts `targets[t]` with weight `weights[t]` (0 on u
 "correct_sum" (`with_correct`) counts weighted positions whose arg-max is the target. All float32.
 `hidden_loss_sums` gives the same sums from the final hidden states through `chunked_loss`.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from simplified_flax.model import layers
 from simplified_flax.training import chunked_loss
 
 
@@ -54,16 +57,23 @@ def loss_sums(logits_BTV: jax.Array, batch: dict, kind: str,
 
 
 def hidden_loss_sums(hidden_BTD: jax.Array, embedding_VD: jax.Array, batch: dict, kind: str,
-                     head: chunked_loss.HeadSpec, with_correct: bool = False
-                     ) -> dict[str, jax.Array]:
+                     head: chunked_loss.HeadSpec, with_correct: bool = False,
+                     table_copies: layers.TableCopies | None = None) -> dict[str, jax.Array]:
   """`loss_sums` of the logits `hidden @ embedding^T`, computed chunk by chunk
-  (`with_correct` is for evaluation: it is not differentiable)."""
+  (`with_correct` is for evaluation: it is not differentiable). With `table_copies` (of
+  `embedding_VD`, layers.table_copies), each device's tokens against its copy: the same
+  values, and the gradient through the copies (why: `layers.table_copies`)."""
   targets_BT, weights_BT = targets_and_weights_BT(batch, kind)
   B, T, D = hidden_BTD.shape
   hidden_ND, targets_N = hidden_BTD.reshape(B * T, D), targets_BT.reshape(B * T)
   weights_N = weights_BT.reshape(B * T)
   if not with_correct:
-    ce_N = chunked_loss.cross_entropy_N(hidden_ND, embedding_VD, targets_N, head)
+    cross_entropy_N = functools.partial(chunked_loss.cross_entropy_N, head=head)
+    if table_copies is None:
+      ce_N = cross_entropy_N(hidden_ND, embedding_VD, targets_N)
+    else:   # row b * T + t of hidden_ND is batch row b's: split as the batch is
+      ce_N = table_copies.map(lambda table_VD, h_ND, t_N: cross_entropy_N(h_ND, table_VD, t_N),
+                              hidden_ND, targets_N)
     return _sums(ce_N, weights_N, targets_N)
   stats = chunked_loss.chunk_statistics(hidden_ND, embedding_VD, targets_N, head,
                                         with_argmax=True)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from simplified_flax.model import layers
 from simplified_flax.training import chunked_loss
 from simplified_flax.training import diagnostics
 from simplified_flax.training import losses
@@ -35,6 +36,7 @@ class StepSpec:
   kind: str                    # "decoder" or "encoder"
   grad_accum_steps: int = 1
   head: chunked_loss.HeadSpec | None = None   # None: the loss reads the model's logits
+  copy_table: bool = False     # the head and the lookup read layers.table_copies (no FSDP)
 
 
 @struct.dataclass
@@ -78,7 +80,8 @@ def _initializer(config, model, rng):
   tx = optimizer.make_optimizer(config)
   schedule = optimizer.make_schedule(config.optimizer, config.num_train_steps)
   spec = StepSpec(kind=config.model.kind, grad_accum_steps=config.grad_accum_steps,
-                  head=chunked_loss.HeadSpec.from_config(config.model, config.dtype))
+                  head=chunked_loss.HeadSpec.from_config(config.model, config.dtype),
+                  copy_table=config.parallel.fsdp == 1)
   tokens_BT = jnp.zeros((1, config.model.context_length), jnp.int32)
 
   def init(rng):
@@ -123,10 +126,15 @@ def _loss_sums(state: TrainState, params, batch: dict, *, train: bool, key,
     logits_BTV = apply_model(state, params, batch, train=train, key=key)
     with jax.named_scope("loss"):   # names its ops in profiles (experiments/step_breakdown.py)
       return losses.loss_sums(logits_BTV, batch, state.spec.kind, with_correct)
-  hidden_BTD = apply_model(state, params, batch, train=train, key=key, return_hidden=True)
+  table_VD = params["wte"]["embedding"]
+  # A table sharded by FSDP is whole on no device: its copies would gather it on each.
+  copies = (layers.table_copies(table_VD, batch["inputs"].shape[0])
+            if state.spec.copy_table and not with_correct else None)
+  hidden_BTD = apply_model(state, params, batch, train=train, key=key, return_hidden=True,
+                           **({"table_copies": copies} if copies else {}))
   with jax.named_scope("loss"):
-    return losses.hidden_loss_sums(hidden_BTD, params["wte"]["embedding"], batch,
-                                   state.spec.kind, head, with_correct=with_correct)
+    return losses.hidden_loss_sums(hidden_BTD, table_VD, batch, state.spec.kind, head,
+                                   with_correct=with_correct, table_copies=copies)
 
 
 def train_step(state: TrainState, batch: dict, axis_name: str | None = None,
