@@ -118,13 +118,16 @@ class ReparamLinear(nn.Module):
     return matmul(x_BTD.astype(self.dtype), (resid * w_DD + skip * anchor_DD).astype(self.dtype))
 
 
+take_rows = functools.partial(jnp.take, axis=0)   # table [V, D], tokens [...] -> [..., D]
+
+
 class Embed(nn.Embed):
   """`nn.Embed` (the same "embedding" parameter) whose lookup is `embedding_lookup`, or, given
   `copies` of the table (`table_copies`), each device's lookup in its copy."""
 
   def __call__(self, inputs, copies: "TableCopies | None" = None):
     if copies is not None:
-      return copies.map(functools.partial(jnp.take, axis=0), inputs)
+      return copies.map(take_rows, inputs)
     return embedding_lookup(self.embedding, inputs)
 
 
@@ -139,13 +142,12 @@ def embedding_lookup(table_VD, tokens_BT) -> jax.Array:
   step), and on a pod with FSDP the partitioner gathers whole-batch activations for the layers'
   weight gradients (experiments/results/compiled/tpu_log.md). The training loss does better
   still with `table_copies`."""
-  take = functools.partial(jnp.take, axis=0)
   mesh, axes = attention_kernels.ambient_axes()
   batch_axes = attention_kernels.mesh_split(axes, tokens_BT.shape[0], 1)[0]
   if not batch_axes:
-    return take(table_VD, tokens_BT)
+    return take_rows(table_VD, tokens_BT)
   rows = P(batch_axes)
-  return jax.shard_map(take, mesh=mesh, in_specs=(P(), rows), out_specs=rows,
+  return jax.shard_map(take_rows, mesh=mesh, in_specs=(P(), rows), out_specs=rows,
                        axis_names=frozenset(batch_axes))(table_VD, tokens_BT)
 
 

@@ -131,7 +131,7 @@ def _loss_sums(state: TrainState, params, batch: dict, *, train: bool, key,
   copies = (layers.table_copies(table_VD, batch["inputs"].shape[0])
             if state.spec.copy_table and not with_correct else None)
   hidden_BTD = apply_model(state, params, batch, train=train, key=key, return_hidden=True,
-                           **({"table_copies": copies} if copies else {}))
+                           **({"table_copies": copies} if copies is not None else {}))
   with jax.named_scope("loss"):
     return losses.hidden_loss_sums(hidden_BTD, table_VD, batch, state.spec.kind, head,
                                    with_correct=with_correct, table_copies=copies)
