@@ -205,6 +205,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.parallel = ml_collections.ConfigDict()
   c.parallel.mode = "jit"            # "jit" (Mesh + NamedSharding) or "pmap"
   c.parallel.fsdp = 1                # devices along the parameter-sharding axis
+  c.parallel.shard_update = True     # jit: optimiser state split over the data axis too, each
+                                     # device updating its slice (docs/distributed.md)
 
   if "encoder" in switches:
     if "codeparrot" in switches:

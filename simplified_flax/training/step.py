@@ -37,6 +37,7 @@ class StepSpec:
   grad_accum_steps: int = 1
   head: chunked_loss.HeadSpec | None = None   # None: the loss reads the model's logits
   copy_table: bool = False     # the head and the lookup read layers.table_copies (no FSDP)
+  shard_update: bool = False   # each device updates its slice of the weights (placement.py)
 
 
 @struct.dataclass
@@ -61,7 +62,8 @@ def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
   abstract = _checked_abstract_state(init, rng)
   if mesh is None:
     return jax.jit(init)(rng)
-  return jax.jit(init, out_shardings=placement.state_shardings(abstract, mesh))(rng)
+  return jax.jit(init, out_shardings=placement.state_shardings(
+      abstract, mesh, placement.shards_update(config)))(rng)
 
 
 def abstract_train_state(config, model=None) -> TrainState:
@@ -81,7 +83,8 @@ def _initializer(config, model, rng):
   schedule = optimizer.make_schedule(config.optimizer, config.num_train_steps)
   spec = StepSpec(kind=config.model.kind, grad_accum_steps=config.grad_accum_steps,
                   head=chunked_loss.HeadSpec.from_config(config.model, config.dtype),
-                  copy_table=config.parallel.fsdp == 1)
+                  copy_table=config.parallel.fsdp == 1,
+                  shard_update=placement.shards_update(config))
   tokens_BT = jnp.zeros((1, config.model.context_length), jnp.int32)
 
   def init(rng):
@@ -163,12 +166,15 @@ def train_step(state: TrainState, batch: dict, axis_name: str | None = None,
   if axis_name is not None:
     # Means of sums over devices: their ratios are the global token means.
     grads, sums = jax.lax.pmean((grads, sums), axis_name)
+  params = state.params
+  if state.spec.shard_update:   # under jit on a mesh: each device updates its slice
+    grads, params = placement.slices_for_update(grads, params)
   with jax.named_scope("optimizer"):   # names the update's ops in profiles
     tokens = jnp.where(sums["weight_sum"] > 0, sums["weight_sum"], 1.0)
     grads = jax.tree.map(lambda g: g / tokens, grads)
-    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+    updates, opt_state = state.tx.update(grads, state.opt_state, params)
     new_state = state.replace(step=state.step + 1, opt_state=opt_state,
-                              params=optax.apply_updates(state.params, updates))
+                              params=optax.apply_updates(params, updates))
     metrics = {"loss": sums["loss_sum"] / tokens, "grad_norm": optax.tree.norm(grads),
                "learning_rate": jnp.asarray(state.schedule(state.step), jnp.float32)}
   return new_state, metrics
