@@ -205,8 +205,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.parallel = ml_collections.ConfigDict()
   c.parallel.mode = "jit"            # "jit" (Mesh + NamedSharding) or "pmap"
   c.parallel.fsdp = 1                # devices along the parameter-sharding axis
-  c.parallel.shard_update = True     # jit: optimiser state split over the data axis too, each
-                                     # device updating its slice (docs/distributed.md)
+  c.parallel.shard_update = False    # jit: optimiser state split over every device, each
+                                     # updating its slice: 1/N of its memory for an all-gather
+                                     # of the weights a step (docs/distributed.md)
 
   if "encoder" in switches:
     if "codeparrot" in switches:

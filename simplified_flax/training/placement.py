@@ -2,11 +2,10 @@
 
 `parallel.mode` "jit": one `jax.jit` over a ("data", "fsdp") mesh; each process hands in its
 own rows of the batch; the weights are replicated or, with `parallel.fsdp > 1`, each large leaf
-sharded along "fsdp" (ZeRO-3 style). With `parallel.shard_update` (the default) the optimiser
-state is split over "data" too, and each device updates only its slice of the weights (ZeRO-1
-style): the gradient is reduce-scattered, the new weights all-gathered. "pmap": `jax.pmap` over
-the local devices; the state has a leading device axis, the batch is [devices, rows per device,
-...].
+sharded along "fsdp" (ZeRO-3 style). With `parallel.shard_update` the optimiser state is split
+over "data" too, and each device updates only its slice of the weights (ZeRO-1 style), whose
+new values are then all-gathered. "pmap": `jax.pmap` over the local devices; the state has a
+leading device axis, the batch is [devices, rows per device, ...].
 """
 import dataclasses
 from typing import Any, Callable
@@ -76,8 +75,8 @@ def update_spec(shape: tuple[int, ...], data: int, fsdp: int) -> P:
 
 
 def shards_update(config) -> bool:
-  """`parallel.shard_update` (on when a saved config predates it), in jit mode only."""
-  return config.parallel.mode == "jit" and bool(config.parallel.get("shard_update", True))
+  """`parallel.shard_update` (off where a saved config predates it), in jit mode only."""
+  return config.parallel.mode == "jit" and bool(config.parallel.get("shard_update", False))
 
 
 def state_shardings(abstract_state, mesh: Mesh, shard_update: bool = False):
