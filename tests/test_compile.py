@@ -101,6 +101,7 @@ def test_each_chip_updates_its_slice_of_the_weights():
   assert params_leaf.sharding.shard_shape(params_leaf.shape) == (64, 256)
   assert mu_leaf.sharding.shard_shape(mu_leaf.shape) == (64, 64)
   assert re.search(r"= f32\[64,256\]\S* all-gather(?:-start)?\(", steps.train.as_text())
+  assert report.summarize(steps, steps.config)["collective_bytes_per_device"]["all-gather"] > 0
 
 
 def test_a_gpu_program_calls_cudnn_attention(gpu_steps):
@@ -143,6 +144,7 @@ def test_the_json_report_has_every_key_and_consistent_figures(tpu_steps, gpu_ste
     assert summary["fits"] and memory["total"] < summary["device_memory_bytes"]
     assert summary["flops_per_device"] > 0 and summary["roofline_step_s"] > 0
     assert 0 < summary["mfu_bound"] < 1
+    assert "between devices" in report.text(summary)
   tpu = report.summarize(tpu_steps, tpu_steps.config)
   gpu = report.summarize(gpu_steps, gpu_steps.config)
   # Same model and batch: a v5e chip holds a quarter of the rows, and of the FLOPs, plus the
@@ -153,6 +155,9 @@ def test_the_json_report_has_every_key_and_consistent_figures(tpu_steps, gpu_ste
       * TINY["model.n_embd"] * TINY["model.n_layer"]
   assert 0.95 * gpu["flops_per_device"] <= tpu["flops_per_device"] * 4 \
       <= 1.05 * (gpu["flops_per_device"] + prefix)
+  # The gradient is summed over the 4 chips; one GPU has no one to sum with.
+  assert tpu["collective_bytes_per_device"]["all-reduce"] > 0
+  assert gpu["collective_bytes_per_device"] == {}
   # The float32 master weights: 4 bytes a parameter, replicated on each chip.
   assert tpu["memory_per_device_bytes"]["arguments"]["params"] == \
       gpu["memory_per_device_bytes"]["arguments"]["params"]

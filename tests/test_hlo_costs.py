@@ -219,3 +219,43 @@ ENTRY %main (t: f32[1000,64], x: s32[8,1], u: f32[8,64]) -> f32[1000,64] {
   rows_bytes = 4 * 8 * 64
   assert update.bytes == 3 * rows_bytes + 4 * 8   # read the updates, read + write the rows; ids
   assert update.runs == 5
+
+
+def test_collectives_count_the_whole_arrays_they_reduce_or_gather():
+  """aot/collectives.py: an all-reduce counts its result, an asynchronous all-gather its
+  result at the start, a reduce-scatter its operand, and XLA:TPU's all-reduce-scatter fusion
+  is a reduce-scatter of the arrays its all-reduce carries."""
+  from simplified_flax.aot import collectives  # pylint: disable=import-outside-toplevel
+  hlo = """HloModule jit_c, entry_computation_layout={(bf16[64,32]{1,0}, f32[8,32]{1,0}, bf16[64,32]{1,0})->(bf16[64,32]{1,0}, f32[64,32]{1,0}, bf16[8,32]{1,0}, bf16[8,32]{1,0})}
+
+%add (a: bf16[], b: bf16[]) -> bf16[] {
+  %a = bf16[] parameter(0)
+  %b = bf16[] parameter(1)
+  ROOT %sum = bf16[] add(%a, %b)
+}
+
+%all-reduce-scatter.1 (input_0: bf16[64,32]) -> bf16[8,32] {
+  %input_0 = bf16[64,32]{1,0} parameter(0)
+  %reduced = bf16[64,32]{1,0} all-reduce(%input_0), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %zero = u32[] constant(0)
+  %id = u32[] partition-id()
+  %eight = u32[] constant(8)
+  %offset = u32[] multiply(%id, %eight)
+  ROOT %mine = bf16[8,32]{1,0} dynamic-slice(%reduced, %offset, %zero), dynamic_slice_sizes={8,32}
+}
+
+ENTRY %main (g: bf16[64,32], w: f32[8,32], h: bf16[64,32]) -> (bf16[64,32], f32[64,32], bf16[8,32], bf16[8,32]) {
+  %g = bf16[64,32]{1,0} parameter(0)
+  %w = f32[8,32]{1,0} parameter(1)
+  %h = bf16[64,32]{1,0} parameter(2)
+  %summed = bf16[64,32]{1,0} all-reduce(%g), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %start = (f32[8,32]{1,0}, f32[64,32]{1,0}) all-gather-start(%w), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  %gathered = f32[64,32]{1,0} all-gather-done(%start)
+  %scattered = bf16[8,32]{1,0} reduce-scatter(%h), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}, to_apply=%add
+  %fused = bf16[8,32]{1,0} fusion(%g), kind=kCustom, calls=%all-reduce-scatter.1
+  ROOT %out = (bf16[64,32]{1,0}, f32[64,32]{1,0}, bf16[8,32]{1,0}, bf16[8,32]{1,0}) tuple(%summed, %gathered, %scattered, %fused)
+}
+"""
+  found = collectives.collective_bytes(hlo_costs.parse(hlo))
+  assert found == {"all-reduce": 64 * 32 * 2, "all-gather": 64 * 32 * 4,
+                   "reduce-scatter": 2 * 64 * 32 * 2}

@@ -27,8 +27,8 @@ from simplified_flax.training.step import abstract_train_state
 # TPU compilers refuse a program over the chip's memory with this status.
 _TPU_OUT_OF_MEMORY = re.compile(r"RESOURCE_EXHAUSTED.*?(Ran out of memory|exceeds available)",
                                 re.S)
-SHRINKING_KNOBS = ("parallel.fsdp", "batch_size", "grad_accum_steps", "model.remat",
-                   "model.attention_impl", "model.loss_keep_logits")
+SHRINKING_KNOBS = ("parallel.fsdp", "parallel.shard_update", "batch_size", "grad_accum_steps",
+                   "model.remat", "model.attention_impl", "model.loss_keep_logits")
 
 
 DoesNotFitError = targets.DoesNotFitError   # raised here; defined where no JAX is imported

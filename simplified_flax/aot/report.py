@@ -12,6 +12,8 @@ on every run, and none of it is a timing:
   * flops_per_device, bytes_per_device: per kernel from the optimized HLO (hlo_costs.py),
     one rule for TPU and NVIDIA programs. Bytes are each kernel's operands and results: the
     traffic of a machine without caches, an upper bound on HBM traffic.
+  * collective_bytes_per_device: {kind: bytes} the step's collectives reduce or gather
+    between devices (collectives.py), the link traffic the roofline leaves out.
   * roofline_step_s: the sum over kernels of max(FLOPs / peak, bytes / HBM bandwidth), the
     device's published figures; tokens_per_s_bound and mfu_bound follow from it. A measured
     step is slower: kernels do not reach both ceilings, launches and collectives cost time.
@@ -24,13 +26,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from simplified_flax.aot import collectives
 from simplified_flax.aot import hlo_costs
 from simplified_flax.aot import targets
 
 KEYS = ("target", "devices", "hosts", "mesh", "attention_kernel", "memory_per_device_bytes",
         "device_memory_bytes", "fits", "flops_per_device", "bytes_per_device",
-        "non_matmul_bytes_per_device", "roofline_step_s", "tokens_per_s_bound", "mfu_bound",
-        "compile_s")
+        "non_matmul_bytes_per_device", "collective_bytes_per_device", "roofline_step_s",
+        "tokens_per_s_bound", "mfu_bound", "compile_s")
 _KERNEL_MARKS = (("splash", re.compile(r"splash_mha")),
                  ("cudnn", re.compile(r"__cudnn\$fmha")))
 
@@ -112,6 +115,7 @@ def summarize(compiled, config) -> dict[str, Any]:
       "flops_per_device": sums["flops"],
       "bytes_per_device": sums["bytes"],
       "non_matmul_bytes_per_device": sums["bytes"] - sums["matmul_bytes"],
+      "collective_bytes_per_device": collectives.collective_bytes(program),
       "xla_cost_analysis": {k: float(cost[k]) for k in ("flops", "bytes accessed") if k in cost},
       "roofline_step_s": roofline_s,
       "tokens_per_s_bound": tokens / roofline_s if roofline_s else None,
@@ -158,8 +162,14 @@ def text(summary: dict) -> str:
       f"({gib(m['donated_aliases'])} donated), code {gib(m['code'])}.",
       f"Per device and step: {summary['flops_per_device'] / 1e12:.3f} TFLOP, "
       f"{summary['bytes_per_device'] / 1e9:.2f} GB moved "
-      f"({summary['non_matmul_bytes_per_device'] / 1e9:.2f} GB outside matmuls).",
+      f"({summary['non_matmul_bytes_per_device'] / 1e9:.2f} GB outside matmuls); between "
+      f"devices (not in the roofline): {_collectives_text(summary)}.",
       f"Roofline (an estimate from the program, not a timing): "
       f"{summary['roofline_step_s'] * 1e3:.2f} ms per step, <= "
       f"{summary['tokens_per_s_bound']:,.0f} tokens/s, MFU <= {summary['mfu_bound']:.1%}.",
   ])
+
+
+def _collectives_text(summary: dict) -> str:
+  found = summary["collective_bytes_per_device"]
+  return ", ".join(f"{kind} {n / 1e9:.2f} GB" for kind, n in found.items()) or "nothing"
