@@ -40,25 +40,33 @@ def _xla_bytes_cell(row) -> str:
   return f"{_xla_bytes(row) / 1e9:.2f} ({row.get('xla_bytes_x_preln', 0):.3f})"
 
 
+def _between_devices_cell(row) -> str:
+  """The bytes the step's collectives reduce or gather (rows compiled before the report read
+  them: '-')."""
+  found = row.get("collective_bytes_per_device")
+  return "-" if found is None else f"{sum(found.values()) / 1e9:.2f}"
+
+
 def _variant_lines(rows, paper) -> List[str]:
   with_ratios(rows)
   table = []
   for r in rows:
     if not r.get("fits", True) and "roofline_step_s" not in r:
       table.append([r["target"], _impl(r), r["variant"], "-", "-", "-", "-", "-", "-", "-",
-                    "does not fit"])
+                    "-", "does not fit"])
       continue
     table.append([r["target"], _impl(r), r["variant"], f"{r['flops_per_device'] / 1e12:.2f}",
                   f"{r['bytes_per_device'] / 1e9:.2f} ({r.get('bytes_x_preln', 0):.3f})",
-                  f"{r['non_matmul_bytes_per_device'] / 1e9:.1f}",
+                  f"{r['non_matmul_bytes_per_device'] / 1e9:.1f}", _between_devices_cell(r),
                   f"{r['roofline_step_s'] * 1e3:.2f}", f"{r.get('x_preln', 0):.3f}",
                   paper.get(r["variant"], "-"), _xla_bytes_cell(r),
                   f"{r['memory_per_device_bytes']['total'] / GiB:.2f} ({r['attention_kernel']})"])
   return report_lib.markdown_table(
       ["target", "path", "variant", "TFLOP/device", "GB moved (x Pre-LN)", "non-matmul GB",
-       "roofline ms", "x Pre-LN", "paper", "XLA bytes GB (x Pre-LN)", "GiB/device (kernel)"],
+       "between devices GB", "roofline ms", "x Pre-LN", "paper", "XLA bytes GB (x Pre-LN)",
+       "GiB/device (kernel)"],
       table,
-      align="lll" + "r" * 8)
+      align="lll" + "r" * 9)
 
 
 def _memory_lines(rows) -> List[str]:
@@ -70,12 +78,12 @@ def _memory_lines(rows) -> List[str]:
             in r else f"> {needs:.2f} (temporaries)" if needs else r.get("error", "-"))
     table.append([r["variant"], r["target"], o.get("model.n_layer", 18),
                   o.get("model.context_length", 128), o.get("batch_size", 128), _impl(r),
-                  o.get("model.scan_layers", False), need,
+                  o.get("model.scan_layers", False), need, _between_devices_cell(r),
                   f"{r['compile_s']:.1f}" if "compile_s" in r else "-",
                   r.get("hosts", "-"), r.get("fits", False)])
   return report_lib.markdown_table(
-      ["variant", "target", "layers", "T", "batch", "path", "scan", "GiB/device", "compile s",
-       "hosts", "fits"], table, align="ll" + "r" * 9)
+      ["variant", "target", "layers", "T", "batch", "path", "scan", "GiB/device",
+       "between devices GB", "compile s", "hosts", "fits"], table, align="ll" + "r" * 10)
 
 
 def needed_gib(error: str) -> float | None:
@@ -146,9 +154,10 @@ def markdown(results: Dict[str, Any]) -> str:
            "bytes / HBM bandwidth), published peaks) is an estimate, not a timing. Compile "
            "seconds are the one timing, on this host. 'GB moved' is HBM traffic: on a TPU, "
            "buffers the compiler keeps in on-chip VMEM count nothing and arrays are padded to "
-           "the TPU's tiles. The 'XLA bytes' column (TPU only, with its ratio to Pre-LN's) is "
-           "XLA's own `cost_analysis`, which counts VMEM accesses and memory-space "
-           "assignment's copies too (docs/compile.md).", ""]
+           "the TPU's tiles. 'Between devices' is what the step's collectives reduce or gather "
+           "per device, link traffic the roofline does not count. The 'XLA bytes' column (TPU "
+           "only, with its ratio to Pre-LN's) is XLA's own `cost_analysis`, which counts VMEM "
+           "accesses and memory-space assignment's copies too (docs/compile.md).", ""]
   if results.get("variants"):
     lines += ["## Decoder variants (paper shape)", "",
               *_variant_lines(results["variants"], PAPER_TABLE), ""]
