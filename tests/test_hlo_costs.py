@@ -109,9 +109,10 @@ ENTRY %main (i: s32[], buffer: f32[17,32,64], x: f32[64,32]) -> (f32[17,64,32], 
 
 
 def test_hlo_costs_count_hbm_traffic_of_a_tpu_program():
-  """A TPU program keeps buffers in on-chip VMEM (`S(1)`), prefetching them with asynchronous
-  copies and weight rows with asynchronous slices, and stores arrays in (8, 128) tiles: only
-  HBM traffic counts, each transfer once, d = 64 padded to 128 lanes."""
+  """A TPU program keeps buffers in on-chip VMEM (`S(1)`), prefetching them and evicting them
+  with asynchronous copies (result: destination, source alias, context) and weight rows with
+  asynchronous slices, and stores arrays in (8, 128) tiles: only HBM traffic counts, each
+  transfer once, d = 64 padded to 128 lanes."""
   hlo = """HloModule jit_t, entry_computation_layout={(bf16[16,128,64]{2,1,0:T(8,128)(2,1)}, f32[1024,768]{1,0:T(8,128)})->(bf16[16,128,64]{2,1,0:T(8,128)(2,1)}, f32[256,768]{1,0:T(8,128)S(1)})}
 
 %fused_double (p0: bf16[16,128,64]) -> bf16[16,128,64] {
@@ -119,15 +120,23 @@ def test_hlo_costs_count_hbm_traffic_of_a_tpu_program():
   ROOT %sum = bf16[16,128,64]{2,1,0:T(8,128)(2,1)} add(%p0, %p0)
 }
 
-ENTRY %main (x: bf16[16,128,64], w: f32[1024,768]) -> (bf16[16,128,64], f32[256,768]) {
+%fused_square (p0: bf16[16,128,64]) -> bf16[16,128,64] {
+  %p0 = bf16[16,128,64]{2,1,0:T(8,128)(2,1)} parameter(0)
+  ROOT %product = bf16[16,128,64]{2,1,0:T(8,128)(2,1)S(1)} multiply(%p0, %p0)
+}
+
+ENTRY %main (x: bf16[16,128,64], w: f32[1024,768]) -> (bf16[16,128,64], f32[256,768], bf16[16,128,64]) {
   %x = bf16[16,128,64]{2,1,0:T(8,128)(2,1)} parameter(0)
   %w = f32[1024,768]{1,0:T(8,128)} parameter(1)
-  %prefetch = (bf16[16,128,64]{2,1,0:T(8,128)(2,1)}, bf16[16,128,64]{2,1,0:T(8,128)(2,1)S(1)}, u32[]{:S(2)}) copy-start(%x)
+  %prefetch = (bf16[16,128,64]{2,1,0:T(8,128)(2,1)S(1)}, bf16[16,128,64]{2,1,0:T(8,128)(2,1)}, u32[]{:S(2)}) copy-start(%x)
   %x_vmem = bf16[16,128,64]{2,1,0:T(8,128)(2,1)S(1)} copy-done(%prefetch)
   %doubled = bf16[16,128,64]{2,1,0:T(8,128)(2,1)} fusion(%x_vmem), kind=kLoop, calls=%fused_double
   %rows = ((f32[1024,768]{1,0:T(8,128)}), f32[256,768]{1,0:T(8,128)S(1)}, s32[]{:S(2)}) slice-start(%w), slice={[0:256], [0:768]}
   %rows_vmem = f32[256,768]{1,0:T(8,128)S(1)} slice-done(%rows)
-  ROOT %out = (bf16[16,128,64]{2,1,0:T(8,128)(2,1)}, f32[256,768]{1,0:T(8,128)S(1)}) tuple(%doubled, %rows_vmem)
+  %squared = bf16[16,128,64]{2,1,0:T(8,128)(2,1)S(1)} fusion(%x), kind=kLoop, calls=%fused_square
+  %evict = (bf16[16,128,64]{2,1,0:T(8,128)(2,1)}, bf16[16,128,64]{2,1,0:T(8,128)(2,1)S(1)}, u32[]{:S(2)}) copy-start(%squared)
+  %squared_hbm = bf16[16,128,64]{2,1,0:T(8,128)(2,1)} copy-done(%evict)
+  ROOT %out = (bf16[16,128,64]{2,1,0:T(8,128)(2,1)}, f32[256,768]{1,0:T(8,128)S(1)}, bf16[16,128,64]{2,1,0:T(8,128)(2,1)}) tuple(%doubled, %rows_vmem, %squared_hbm)
 }
 """
   kernels = hlo_costs.parse(hlo).kernels
@@ -135,7 +144,10 @@ ENTRY %main (x: bf16[16,128,64], w: f32[1024,768]) -> (bf16[16,128,64], f32[256,
   assert kernels["prefetch"].bytes == x_in_lanes   # read from HBM once, written to VMEM
   assert kernels["doubled"].bytes == x_in_lanes    # reads VMEM, writes HBM
   assert kernels["rows"].bytes == 256 * 768 * 4    # the slice, not the whole [1024, 768]
+  assert kernels["squared"].bytes == x_in_lanes    # reads HBM, writes VMEM
+  assert kernels["evict"].bytes == x_in_lanes      # read from VMEM, written to HBM once
   assert kernels["x_vmem"].bytes == kernels["rows_vmem"].bytes == 0
+  assert kernels["squared_hbm"].bytes == 0
 
 
 def test_hlo_costs_count_an_embedding_lookup_as_the_rows_it_reads():

@@ -18,17 +18,20 @@ ASYNC_DONE = ("copy-done", "slice-done")   # completions: their start moved the 
 
 def _async_start_bytes(inst, operand_shape: str) -> float | None:
   """The bytes an asynchronous copy or slice moves, counted at its start: the source read
-  and the destination written, each where it lies in HBM; None for other instructions. Its
-  result tuple holds (source alias, destination, context)."""
+  and the destination written, each where it lies in HBM; None for other instructions.
+  A `copy-start`'s result tuple is (destination, source alias, context): a prefetch into VMEM
+  reads HBM once, an eviction from VMEM writes it once. A `slice-start`'s is ((source alias),
+  destination slice, context), and it reads the slice's rows of its source."""
   if inst.opcode not in ("copy-start", "slice-start"):
     return None
   source = device_bytes.arrays(operand_shape)
-  moved = device_bytes.arrays(inst.shape)[-2:-1]   # the destination (the slice)
-  if not source or not moved:
+  result = device_bytes.arrays(inst.shape)
+  if not source or len(result) < 3:
     return None
+  moved = result[0] if inst.opcode == "copy-start" else result[-2]   # the destination
   read_from_hbm = device_bytes.memory_space(source[0]) == 0
-  return (device_bytes.stored_bytes(moved[0]) * read_from_hbm
-          + device_bytes.device_bytes(moved[0]))
+  return (device_bytes.stored_bytes(moved) * read_from_hbm
+          + device_bytes.device_bytes(moved))
 
 
 def kernel_bytes(inst, result_shape: str, instructions, computations, roots, called,
