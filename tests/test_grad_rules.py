@@ -113,6 +113,7 @@ def test_auto_applies_each_rule_on_its_platform_and_a_nonzero_slope_keeps_leaky_
                 == grad_rules.enabled("skip") == (platform == "gpu"))
         assert grad_rules.enabled("combine") == (platform in ("gpu", "tpu"))
         assert grad_rules.enabled("dense") == grad_rules.enabled("gains") == (platform == "cpu")
+        assert grad_rules.enabled("out_gain") == (platform == "tpu")
   with grad_rules.chosen("on"):
     jaxpr = str(jax.make_jaxpr(lambda x: grad_rules.leaky_relu(x, 0.1))(jnp.ones(3)))
   assert "custom_jvp_call" not in jaxpr
@@ -169,3 +170,36 @@ def test_the_skip_rule_gives_the_products_value_gradients_and_tangents(dtype):
   assert grad_jaxpr.count("optimization_barrier") == 1
   with grad_rules.chosen("off"):
     assert "custom_jvp_call" not in str(jax.make_jaxpr(grad_rules.scaled_skip)(gain, x_BTD))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_out_gain_rule_gives_the_products_gradients_without_keeping_its_output(dtype):
+  """`gain * (x @ W)`: the same value, autodiff's gradients (round-off: the gain's is summed
+  as sum(x * (g W^T)), not sum(g * (x W))), and a backward that keeps the input and the
+  kernel but not the [N, D] output, the traffic the rule exists to save."""
+  keys = jax.random.split(jax.random.key(0), 3)
+  x_NF = jax.random.normal(keys[0], (6, 12)).astype(dtype)
+  kernel_FD = (jax.random.normal(keys[1], (12, 5)) / 4).astype(dtype)
+  weights_ND = jax.random.normal(keys[2], (6, 5))
+  gain = jnp.float32(0.7)
+  plain = lambda gain, x, kernel: gain * jnp.dot(x, kernel)
+  loss = lambda product: lambda *args: jnp.sum(jnp.sin(product(*args)) * weights_ND)
+  with grad_rules.chosen("on"):
+    rule_value = grad_rules.gained_matmul(gain, x_NF, kernel_FD)
+    rule_grads = jax.grad(loss(grad_rules.gained_matmul), argnums=(0, 1, 2))(
+        gain, x_NF, kernel_FD)
+    _, rule_backward = jax.vjp(grad_rules.gained_matmul, gain, x_NF, kernel_FD)
+  np.testing.assert_array_equal(rule_value, plain(gain, x_NF, kernel_FD))
+  want_grads = jax.grad(loss(plain), argnums=(0, 1, 2))(gain, x_NF, kernel_FD)
+  tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == jnp.float32 else {"rtol": 2e-2,
+                                                                         "atol": 2e-2}
+  for got, want in zip(rule_grads, want_grads):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               **tolerance)
+  kept_shapes = {leaf.shape for leaf in jax.tree.leaves(rule_backward)}
+  _, plain_backward = jax.vjp(plain, gain, x_NF, kernel_FD)
+  assert (6, 5) in {leaf.shape for leaf in jax.tree.leaves(plain_backward)}   # autodiff keeps it
+  assert (6, 5) not in kept_shapes and {(6, 12), (12, 5)} <= kept_shapes
+  with grad_rules.chosen("off"):
+    assert "custom_jvp_call" not in str(jax.make_jaxpr(grad_rules.gained_matmul)(
+        gain, x_NF, kernel_FD))

@@ -34,6 +34,12 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          that reads both again (-0.9 GB per step for SAS at the paper's shape on an H200;
          float32 round-off). After a GEMM or the explicit form it made a kernel of its own
          (+0.9 GB for Value-SkipInit and explicit SAS), so it is not applied there.
+  out_gain (TPU) a trainable scalar gain on a linear layer's output, `gain * (x @ W)` (the
+         MLP's block gain where it stays out of W_proj), with the gain's gradient taken as
+         sum(x * (g W^T)) from the layer's input and the input-gradient product the backward
+         makes anyway, where autodiff's sum(g * (x @ W)) keeps the layer's output for the
+         backward: written to HBM and read back, [B, T, D] each way per layer (-0.11 GB a chip
+         for SAS-P on a v5e-8 at the paper's shape; bfloat16 round-off of the products).
 
 The mode is chosen once: "auto" applies each rule on the platform named above, where it was
 measured to help (the platform the step is compiled for); "on" applies all; "off" none
@@ -53,7 +59,7 @@ from simplified_flax.model import target_platform
 MODES = ("auto", "on", "off")
 # Where "auto" applies each rule.
 AUTO_PLATFORM = {"dense": ("cpu",), "gains": ("cpu",), "relu": ("gpu",), "split": ("gpu",),
-                 "combine": ("gpu", "tpu"), "skip": ("gpu",)}
+                 "combine": ("gpu", "tpu"), "skip": ("gpu",), "out_gain": ("tpu",)}
 _MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
 
 
@@ -148,6 +154,40 @@ def _scaled_skip_jvp(primals, tangents):
 
 
 _scaled_skip.defjvp(_scaled_skip_jvp, symbolic_zeros=True)
+
+
+def gained_matmul(gain, x_NF, kernel_FD):
+  """`gain * (x @ kernel)`, [..., F] x [F, D] -> [..., D] in x's dtype promoted with the
+  gain's, for a scalar gain; with the `out_gain` rule when it applies."""
+  if enabled("out_gain"):
+    return _gained_matmul(gain, x_NF, kernel_FD)
+  return gain * matmul(x_NF, kernel_FD)
+
+
+@jax.custom_jvp
+def _gained_matmul(gain, x_NF, kernel_FD):
+  return gain * jnp.dot(x_NF, kernel_FD)
+
+
+def _gained_matmul_jvp(primals, tangents):
+  gain, x_NF, kernel_FD = primals
+  d_gain, dx_NF, d_kernel_FD = tangents
+  y_ND = gain * jnp.dot(x_NF, kernel_FD)
+  # The gain's and the input's tangents go through W in one product, (d_gain x + gain dx) W:
+  # transposed, the backward makes z = g W^T once, the input's gradient gain * z, the gain's
+  # sum(x * z), and never needs x W.
+  through_kernel_NF = jnp.zeros(x_NF.shape, y_ND.dtype)
+  if _present(dx_NF):
+    through_kernel_NF = through_kernel_NF + gain * dx_NF
+  if _present(d_gain):
+    through_kernel_NF = through_kernel_NF + d_gain * x_NF
+  dy_ND = jnp.dot(through_kernel_NF.astype(x_NF.dtype), kernel_FD).astype(y_ND.dtype)
+  if _present(d_kernel_FD):
+    dy_ND = dy_ND + gain * jnp.dot(x_NF, d_kernel_FD)
+  return y_ND, dy_ND
+
+
+_gained_matmul.defjvp(_gained_matmul_jvp, symbolic_zeros=True)
 
 
 def _present(tangent) -> bool:

@@ -198,10 +198,11 @@ def tied_head(x_BTD, embedding_VD, dtype) -> jax.Array:
 
 
 class GainDense(nn.Module):
-  """`x @ (gain * kernel)`, [.., D] -> [.., F], no bias: `dense`'s layer (the same float32
-  `kernel` [D, F], computing in `dtype`) with a scalar gain taken into its kernel. A gain on
-  the output instead costs a scaled copy of the output's gradient in the backward, where this
-  costs a product over the kernel."""
+  """`gain * (x @ kernel)`, [.., D] -> [.., F], no bias: `dense`'s layer (the same float32
+  `kernel` [D, F], computing in `dtype`) with a scalar gain, taken into its kernel where
+  `gain_in_kernel()` (GPUs: a gain on the output costs a scaled copy of the output's gradient
+  in the backward, where this costs a product over the kernel), else on its output
+  (`grad_rules.gained_matmul`: on TPUs its gradient from the input's, not the output)."""
   features: int
   dtype: Any = jnp.float32
   kernel_init: Callable = normal_init(PLAIN_STD)
@@ -210,9 +211,11 @@ class GainDense(nn.Module):
   def __call__(self, x_ND, gain=None):
     kernel_DF = self.param("kernel", self.kernel_init, (x_ND.shape[-1], self.features),
                            jnp.float32)
-    if gain is not None:
-      kernel_DF = gain * kernel_DF
-    return matmul(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype))
+    if gain is None or gain_in_kernel():
+      kernel_DF = kernel_DF if gain is None else gain * kernel_DF
+      return matmul(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype))
+    return grad_rules.gained_matmul(
+        gain, *quantize.operands(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype)))
 
 
 # Where a block takes its MLP gain into W_proj (`MLP`'s `out_gain`): GPUs, where XLA otherwise
@@ -229,7 +232,7 @@ def gain_in_kernel() -> bool:
 
 class MLP(nn.Module):
   """`act(x @ W_fc) @ W_proj`, both without bias, N(0, 0.02) (W_proj: N(0, mlp_proj_init_std)),
-  F = mlp_width_mult * D; with `out_gain` (a scalar), the result times it, taken into W_proj."""
+  F = mlp_width_mult * D; with `out_gain` (a scalar), the result times it (`GainDense`)."""
   cfg: Any     # FrozenConfigDict: the model config
   dtype: Any = jnp.float32
 
