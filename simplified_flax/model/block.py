@@ -151,10 +151,8 @@ class Block(nn.Module):
         lengths=lengths, out_gain=attn_resid if fold else None, addend=addend))
     # On GPUs the MLP's gain goes into W_proj (layers.GAIN_IN_KERNEL_PLATFORMS): the backward
     # then reads the block's gradient, not a scaled copy of it, and the gain's gradient is a
-    # sum over W_proj, not over the MLP's output. On TPUs a trainable gain stays on the output
-    # under the `out_gain` rule, its gradient taken without the MLP's output, where the fused
-    # form's kernels apply (v5e-8, paper shape: SAS-P -0.11 GB a chip; with the explicit form
-    # +0.09 GB, so not there).
+    # sum over W_proj, not over the MLP's output. On TPUs, with the fused kernels, the `out_gain`
+    # rule keeps a trainable gain on the output without keeping the output (grad_rules.py).
     inside = layers.gain_in_kernel() or (m.trainable_mlp_block_gains and combine_kernels
                                          and grad_rules.enabled("out_gain"))
     mlp_fn = lambda h: drop(mlp(h, out_gain=mlp_resid if inside else None))
