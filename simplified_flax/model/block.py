@@ -153,11 +153,11 @@ class Block(nn.Module):
     # then reads the block's gradient, not a scaled copy of it, and the gain's gradient is a
     # sum over W_proj, not over the MLP's output. On TPUs, with the fused kernels, the `out_gain`
     # rule keeps a trainable gain on the output without keeping the output (grad_rules.py).
-    inside = layers.gain_in_kernel() or (m.trainable_mlp_block_gains and combine_kernels
-                                         and grad_rules.enabled("out_gain"))
-    mlp_fn = lambda h: drop(mlp(h, out_gain=mlp_resid if inside else None))
+    mlp_takes_gain = layers.gain_in_kernel() or (
+        m.trainable_mlp_block_gains and combine_kernels and grad_rules.enabled("out_gain"))
+    mlp_fn = lambda h: drop(mlp(h, out_gain=mlp_resid if mlp_takes_gain else None))
     attn_resid_outside = 1.0 if fold else attn_resid
-    mlp_resid_outside = 1.0 if inside else mlp_resid
+    mlp_resid_outside = 1.0 if mlp_takes_gain else mlp_resid
     if m.parallel_layers:   # Eq. (2)
       h_BTD = norm1(x_BTD)
       if m.norm_type != "none":

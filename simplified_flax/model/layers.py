@@ -211,11 +211,12 @@ class GainDense(nn.Module):
   def __call__(self, x_ND, gain=None):
     kernel_DF = self.param("kernel", self.kernel_init, (x_ND.shape[-1], self.features),
                            jnp.float32)
-    if gain is None or gain_in_kernel():
-      kernel_DF = kernel_DF if gain is None else gain * kernel_DF
-      return matmul(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype))
-    return grad_rules.gained_matmul(
-        gain, *quantize.operands(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype)))
+    if gain is not None and not gain_in_kernel():
+      return grad_rules.gained_matmul(
+          gain, *quantize.operands(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype)))
+    if gain is not None:
+      kernel_DF = gain * kernel_DF
+    return matmul(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype))
 
 
 # Where a block takes its MLP gain into W_proj (`MLP`'s `out_gain`): GPUs, where XLA otherwise
