@@ -110,6 +110,20 @@ def test_a_gpu_program_calls_cudnn_attention(gpu_steps):
   assert report.attention_kernel(hlo) == "cudnn"
 
 
+def test_a_gpu_program_makes_q_and_k_in_two_gemms_and_copies_neither_gradient(gpu_steps):
+  """grad_rules' split rule on a GPU: c_attn's q and k are a GEMM each, forward and for the
+  input's gradient; the backward neither concatenates dq and dk nor sums them for the bias
+  (what the one-GEMM form's backward does)."""
+  kernels = [k for k in hlo_costs.parse(gpu_steps.train.as_text()).kernels.values()
+             if "/h_0/attn/c_attn/" in k.op_name]
+  backward = [k for k in kernels if "transpose(jvp(" in k.op_name]
+  forward = [k for k in kernels if k not in backward]
+  assert sum(k.is_matmul for k in forward) == 2
+  assert sum(k.is_matmul and k.op_name.endswith("/dot_general") for k in backward) == 2
+  assert not [k.op_name for k in backward
+              if k.op_name.endswith(("/concatenate", "/reduce_sum"))]
+
+
 def test_the_combine_kernels_compile_for_a_gpu_as_triton_calls():
   """The causal combine's Pallas kernels, forward and backward, without and with a parallel
   block's addend, through XLA:GPU's Triton compiler for an H100 (a tiny model has too few

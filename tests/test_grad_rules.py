@@ -119,30 +119,39 @@ def test_auto_applies_each_rule_on_its_platform_and_a_nonzero_slope_keeps_leaky_
   assert "custom_jvp_call" not in jaxpr
 
 
-def test_the_split_rule_is_jnp_split_bit_for_bit_with_its_backward_held():
-  """The q/k split's rule: values, gradients and tangents as `jnp.split`; the backward's
-  concatenated dq/dk passes one optimization barrier (what XLA:GPU then makes once)."""
-  x = jnp.linspace(-2, 2, 2 * 3 * 8, dtype=jnp.bfloat16).reshape(2, 3, 8)
-  weights = jnp.arange(4, dtype=jnp.bfloat16)
-  def loss(split):
-    def of(x):
-      q, k = split(x)
-      return jnp.sum(q * weights) - jnp.sum(k ** 2)
-    return of
-  plain = lambda x: tuple(jnp.split(x, 2, axis=-1))
+@pytest.mark.parametrize("dtype,tolerance", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
+def test_the_split_rule_gives_q_and_k_from_two_gemms_with_the_bias_inside(dtype, tolerance):
+  """c_attn's halves, `split(x @ W + b)`: values and the gradients of x, W and b as the one
+  GEMM and its bias add (round-off), from two GEMMs that each hold their own operands."""
+  N, D = 6, 12   # D + 1 not a multiple of 8: the ones column is padded
+  x_ND, kernel_DF, bias_F = (jax.random.normal(jax.random.key(i), shape).astype(dtype)
+                             for i, shape in enumerate([(N, D), (D, 2 * D), (2 * D,)]))
+  weights_ND = jnp.linspace(-1, 1, N * D).reshape(N, D).astype(dtype)
+
+  def loss(x_ND, kernel_DF, bias_F):
+    q_ND, k_ND = grad_rules.biased_halves(x_ND, kernel_DF, bias_F)
+    return jnp.sum((q_ND * weights_ND).astype(jnp.float32)) - jnp.sum(
+        (k_ND.astype(jnp.float32) ** 2))
+
+  results = {}
+  for mode in ("off", "on"):
+    loss = functools.partial(loss)   # a new function: jax caches a trace per function
+    with grad_rules.chosen(mode):
+      results[mode] = (grad_rules.biased_halves(x_ND, kernel_DF, bias_F),
+                       jax.grad(loss, argnums=(0, 1, 2))(x_ND, kernel_DF, bias_F))
+      jaxpr = str(jax.make_jaxpr(loss)(x_ND, kernel_DF, bias_F))
+    assert jaxpr.count("dot_general") == (2 if mode == "on" else 1)
+    assert jaxpr.count("optimization_barrier") == (2 if mode == "on" else 0)
+  for got, want in zip(jax.tree.leaves(results["on"]), jax.tree.leaves(results["off"])):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    scale = float(jnp.max(jnp.abs(want.astype(jnp.float32))))
+    np.testing.assert_allclose(got.astype(jnp.float32), want.astype(jnp.float32),
+                               atol=tolerance * scale, rtol=0)
+  # A bias that entered the GEMMs wrongly (e.g. the ones column on the wrong side) shows.
   with grad_rules.chosen("on"):
-    held_values = grad_rules.split_halves(x)
-    held_grad = jax.grad(loss(grad_rules.split_halves))(x)
-    held_tangents = jax.jvp(grad_rules.split_halves, (x,), (x,))[1]
-    grad_jaxpr = str(jax.make_jaxpr(jax.grad(loss(grad_rules.split_halves)))(x))
-  for held, reference in ((held_values, plain(x)), (held_grad, jax.grad(loss(plain))(x)),
-                          (held_tangents, plain(x))):
-    for a, b in zip(jax.tree.leaves(held), jax.tree.leaves(reference)):
-      np.testing.assert_array_equal(a, b)
-  assert grad_jaxpr.count("optimization_barrier") == 1
-  with grad_rules.chosen("off"):
-    assert "optimization_barrier" not in str(
-        jax.make_jaxpr(jax.grad(loss(grad_rules.split_halves)))(x))
+    q_ND, _ = grad_rules.biased_halves(x_ND, kernel_DF, 2 * bias_F)
+  assert not np.allclose(q_ND.astype(jnp.float32), results["off"][0][0].astype(jnp.float32),
+                         atol=tolerance * 10)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -47,8 +47,7 @@ class AttentionSubBlock(nn.Module):
     m = self.cfg
     B, T, D = x_BTD.shape
     H = m.n_head
-    qk_BT2D = layers.dense(2 * D, self.dtype, "c_attn", _qk_kernel_init(m), use_bias=True)(x_BTD)
-    q_BTD, k_BTD = grad_rules.split_halves(qk_BT2D)
+    q_BTD, k_BTD = layers.QKDense(self.dtype, _qk_kernel_init(m), name="c_attn")(x_BTD)
     v_BTD = layers.ReparamLinear(valproj.value_settings(m, self.layer), self.dtype,
                                  name="value")(x_BTD, anchors.get("value"))
     q_BTHd, k_BTHd, v_BTHd = (a.reshape(B, T, H, D // H) for a in (q_BTD, k_BTD, v_BTD))

@@ -11,13 +11,16 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          fuses a `max` into the GEMM that reads the activation, but not leaky_relu's select,
          which costs a read and a write of every [B, T, 4D] activation (-3.6 GB per step at
          the paper's shape on an H200, read from the compiled program).
-  split  (GPU) the split of c_attn's output into q and k with an optimization barrier on its
-         tangent, so that the backward concatenates dq and dk once and holds the result:
-         XLA:GPU otherwise makes that concatenation twice, inside the GEMM for the input's
-         gradient and again for the weight gradient's cuBLAS call (-1.8 GB per step for SAS
-         and SAS-P at the paper's shape on an H200; Pre-LN, whose value GEMM XLA merges with
-         c_attn, unchanged). A barrier in the forward would cost more: the bias add could no
-         longer fuse into the split.
+  split  (GPU) c_attn's q and k as two GEMMs, each taking its bias as one more row of its
+         kernel against a column of ones appended to the input (`[x, 1, 0..] @ [W; b; 0..]`),
+         where autodiff's one GEMM for both has its [B, T, 2D] output split into the dense q
+         and k that cuDNN takes (a copy, with the bias add), and its backward concatenates dq
+         and dk back (another) and sums them for the bias. The two GEMMs are kept apart by an
+         optimization barrier on each one's operands (XLA's dot merger would fuse them back);
+         the bias's gradient comes out of the weight gradient's GEMM. At the paper's shape
+         on an H200: -0.79 ms of Pre-LN's step (its value GEMM, merged with c_attn, was sliced
+         out too), -0.60 ms of SAS's and SAS-P's; non-matmul bytes -3.9 and -3.0 GB. Float32
+         round-off; in bfloat16 q and k are rounded once, where the bias add rounded twice.
   combine (GPU, TPU) the fused form's causal combine `beta A v + alpha v - gamma C v` and
          its backward as one Pallas kernel each (`combine_kernel.py`; Mosaic kernels of their
          own on a TPU, `combine_kernel_tpu.py`): C v and C^T g stay on chip and the gain
@@ -45,7 +48,7 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
 The mode is chosen once: "auto" applies each rule on the platform named above, where it was
 measured to help (the platform the step is compiled for); "on" applies all; "off" none
 (plain autodiff). `Transformer` traces its body inside `chosen(model.grad_rules)`, and
-`matmul`, the MLP, the attention and its q/k split read it at trace time (so under jit, scan
+`matmul`, the MLP, the attention and its q/k projection read it at trace time (so under jit, scan
 and remat alike).
 """
 import contextlib
@@ -110,22 +113,25 @@ def _relu_jvp(primals, tangents):
   return relu(x), jax.jvp(lambda x: jax.nn.leaky_relu(x, 0.0), (x,), (dx,))[1]
 
 
-def split_halves(x_ND):
-  """`jnp.split(x, 2, axis=-1)`, with the `split` rule when it applies."""
-  if enabled("split"):
-    return _held_split(x_ND)
-  return tuple(jnp.split(x_ND, 2, axis=-1))
-
-
-@jax.custom_jvp
-def _held_split(x_ND):
-  return tuple(jnp.split(x_ND, 2, axis=-1))
-
-
-@_held_split.defjvp
-def _held_split_jvp(primals, tangents):
-  (x_ND,), (dx_ND,) = primals, tangents
-  return _held_split(x_ND), tuple(jnp.split(jax.lax.optimization_barrier(dx_ND), 2, axis=-1))
+def biased_halves(x_ND, kernel_DF, bias_F):
+  """`jnp.split(x @ kernel + bias, 2, axis=-1)` for x [N.., D], kernel [D, F], bias [F], with
+  the `split` rule when it applies: each half a GEMM of its own with its bias inside."""
+  if not enabled("split"):
+    return tuple(jnp.split(matmul(x_ND, kernel_DF) + bias_F, 2, axis=-1))
+  D = x_ND.shape[-1]
+  # One column of ones for the bias, then zeros to a multiple of 8: the tensor cores'
+  # bfloat16 granule of the contracted width (769 would leave every row misaligned).
+  pad = -(D + 1) % 8
+  x_NA = jnp.concatenate([x_ND, jnp.ones(x_ND.shape[:-1] + (1,), x_ND.dtype),
+                          jnp.zeros(x_ND.shape[:-1] + (pad,), x_ND.dtype)], axis=-1)
+  kernel_AF = jnp.concatenate([kernel_DF, bias_F[None],
+                               jnp.zeros((pad, kernel_DF.shape[1]), kernel_DF.dtype)], axis=0)
+  halves = []
+  for kernel_AH in jnp.split(kernel_AF, 2, axis=-1):
+    # Distinct operands per GEMM, else XLA's dot merger makes the two one GEMM again.
+    held_x_NA, held_kernel_AH = jax.lax.optimization_barrier((x_NA, kernel_AH))
+    halves.append(matmul(held_x_NA, held_kernel_AH))
+  return tuple(halves)
 
 
 def scaled_skip(gain, x_BTD):

@@ -197,6 +197,22 @@ def tied_head(x_BTD, embedding_VD, dtype) -> jax.Array:
   return jnp.einsum("btd,dv->btv", x_BTD, table_DV, preferred_element_type=jnp.float32)
 
 
+class QKDense(nn.Module):
+  """The attention's c_attn: x [.., D] -> (q, k), [.., D] each, the halves of
+  `x @ kernel + bias` (`dense`'s float32 `kernel` [D, 2D] and zero `bias` [2D], as nn.Dense
+  makes them; computing in `dtype`), as `grad_rules.biased_halves` forms them."""
+  dtype: Any = jnp.float32
+  kernel_init: Callable = normal_init(PLAIN_STD)
+
+  @nn.compact
+  def __call__(self, x_ND):
+    D = x_ND.shape[-1]
+    kernel_DF = self.param("kernel", self.kernel_init, (D, 2 * D), jnp.float32)
+    bias_F = self.param("bias", nn.initializers.zeros, (2 * D,), jnp.float32)
+    x_ND, kernel_DF = quantize.operands(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype))
+    return grad_rules.biased_halves(x_ND, kernel_DF, bias_F.astype(self.dtype))
+
+
 class GainDense(nn.Module):
   """`gain * (x @ kernel)`, [.., D] -> [.., F], no bias: `dense`'s layer (the same float32
   `kernel` [D, F], computing in `dtype`) with a scalar gain, taken into its kernel where
