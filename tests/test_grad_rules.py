@@ -119,37 +119,49 @@ def test_auto_applies_each_rule_on_its_platform_and_a_nonzero_slope_keeps_leaky_
   assert "custom_jvp_call" not in jaxpr
 
 
+@pytest.mark.parametrize("separate", [True, False])
 @pytest.mark.parametrize("dtype,tolerance", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
-def test_the_split_rule_gives_q_and_k_from_two_gemms_with_the_bias_inside(dtype, tolerance):
+def test_the_split_rule_gives_q_and_k_as_one_gemm_and_its_bias_add_does(dtype, tolerance,
+                                                                         separate):
   """c_attn's halves, `split(x @ W + b)`: values and the gradients of x, W and b as the one
-  GEMM and its bias add (round-off), from two GEMMs that each hold their own operands."""
+  GEMM and its bias add; `separate`, from two GEMMs that hold their own operands (round-off),
+  else from the one GEMM with the split's tangent held once (bit for bit)."""
   N, D = 6, 12   # D + 1 not a multiple of 8: the ones column is padded
   x_ND, kernel_DF, bias_F = (jax.random.normal(jax.random.key(i), shape).astype(dtype)
                              for i, shape in enumerate([(N, D), (D, 2 * D), (2 * D,)]))
   weights_ND = jnp.linspace(-1, 1, N * D).reshape(N, D).astype(dtype)
 
   def loss(x_ND, kernel_DF, bias_F):
-    q_ND, k_ND = grad_rules.biased_halves(x_ND, kernel_DF, bias_F)
+    q_ND, k_ND = grad_rules.biased_halves(x_ND, kernel_DF, bias_F, separate=separate)
     return jnp.sum((q_ND * weights_ND).astype(jnp.float32)) - jnp.sum(
         (k_ND.astype(jnp.float32) ** 2))
 
-  results = {}
+  results, jaxprs = {}, {}
   for mode in ("off", "on"):
     loss = functools.partial(loss)   # a new function: jax caches a trace per function
-    with grad_rules.chosen(mode):
-      results[mode] = (grad_rules.biased_halves(x_ND, kernel_DF, bias_F),
+    # "auto" for a GPU: the split rule without the CPU's kernel-gradient rule.
+    with grad_rules.chosen("auto" if mode == "on" else mode), target_platform.compiling_for(
+        "gpu"):
+      results[mode] = (grad_rules.biased_halves(x_ND, kernel_DF, bias_F, separate=separate),
                        jax.grad(loss, argnums=(0, 1, 2))(x_ND, kernel_DF, bias_F))
-      jaxpr = str(jax.make_jaxpr(loss)(x_ND, kernel_DF, bias_F))
-    assert jaxpr.count("dot_general") == (2 if mode == "on" else 1)
-    assert jaxpr.count("optimization_barrier") == (2 if mode == "on" else 0)
+      jaxprs[mode] = (str(jax.make_jaxpr(loss)(x_ND, kernel_DF, bias_F)),
+                      str(jax.make_jaxpr(jax.grad(loss))(x_ND, kernel_DF, bias_F)))
+  gemms, barriers = (2, 4) if separate else (1, 1)   # with the barriers' transposes
+  assert jaxprs["on"][0].count("dot_general") == gemms and jaxprs["off"][0].count(
+      "dot_general") == 1
+  assert jaxprs["on"][1].count("optimization_barrier") == barriers
+  assert "optimization_barrier" not in jaxprs["off"][1]
   for got, want in zip(jax.tree.leaves(results["on"]), jax.tree.leaves(results["off"])):
     assert got.shape == want.shape and got.dtype == want.dtype
+    if not separate:
+      np.testing.assert_array_equal(got, want)
     scale = float(jnp.max(jnp.abs(want.astype(jnp.float32))))
     np.testing.assert_allclose(got.astype(jnp.float32), want.astype(jnp.float32),
                                atol=tolerance * scale, rtol=0)
   # A bias that entered the GEMMs wrongly (e.g. the ones column on the wrong side) shows.
   with grad_rules.chosen("on"):
-    q_ND, _ = grad_rules.biased_halves(x_ND, kernel_DF, 2 * bias_F)
+    q_ND, _ = grad_rules.biased_halves(x_ND, kernel_DF, 2 * bias_F, separate=separate)
+    assert grad_rules.enabled("split")
   assert not np.allclose(q_ND.astype(jnp.float32), results["off"][0][0].astype(jnp.float32),
                          atol=tolerance * 10)
 

@@ -47,7 +47,11 @@ class AttentionSubBlock(nn.Module):
     m = self.cfg
     B, T, D = x_BTD.shape
     H = m.n_head
-    q_BTD, k_BTD = layers.QKDense(self.dtype, _qk_kernel_init(m), name="c_attn")(x_BTD)
+    impl = self._impl()
+    # The fused path's kernels take q and k as arrays of their own: cut out of one GEMM's
+    # output they are copies, so there they are made apart (grad_rules' `split` rule).
+    q_BTD, k_BTD = layers.QKDense(self.dtype, _qk_kernel_init(m), separate=impl == "fused",
+                                  name="c_attn")(x_BTD)
     v_BTD = layers.ReparamLinear(valproj.value_settings(m, self.layer), self.dtype,
                                  name="value")(x_BTD, anchors.get("value"))
     q_BTHd, k_BTHd, v_BTHd = (a.reshape(B, T, H, D // H) for a in (q_BTD, k_BTD, v_BTD))
@@ -64,7 +68,6 @@ class AttentionSubBlock(nn.Module):
                              trainable and m.centre_attn_gain != 0, (H,))
     attn_args = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
                      logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
-    impl = self._impl()
     if cache_index is not None:
       out_BTHd = self._attend_cached(q_BTHd, k_BTHd, v_BTHd, attn_args, impl,
                                      index_B=cache_index, lengths_B=lengths)

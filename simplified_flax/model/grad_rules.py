@@ -11,16 +11,22 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          fuses a `max` into the GEMM that reads the activation, but not leaky_relu's select,
          which costs a read and a write of every [B, T, 4D] activation (-3.6 GB per step at
          the paper's shape on an H200, read from the compiled program).
-  split  (GPU) c_attn's q and k as two GEMMs, each taking its bias as one more row of its
+  split  (GPU) c_attn's q and k. Where the attention's kernel takes them as arrays of their
+         own (cuDNN: the fused path), as two GEMMs, each taking its bias as one more row of its
          kernel against a column of ones appended to the input (`[x, 1, 0..] @ [W; b; 0..]`),
-         where autodiff's one GEMM for both has its [B, T, 2D] output split into the dense q
-         and k that cuDNN takes (a copy, with the bias add), and its backward concatenates dq
-         and dk back (another) and sums them for the bias. The two GEMMs are kept apart by an
-         optimization barrier on each one's operands (XLA's dot merger would fuse them back);
-         the bias's gradient comes out of the weight gradient's GEMM. At the paper's shape
-         on an H200: -0.79 ms of Pre-LN's step (its value GEMM, merged with c_attn, was sliced
-         out too), -0.60 ms of SAS's and SAS-P's; non-matmul bytes -3.9 and -3.0 GB. Float32
-         round-off; in bfloat16 q and k are rounded once, where the bias add rounded twice.
+         kept apart by an optimization barrier on each one's operands (XLA's dot merger would
+         join them again). Autodiff's one GEMM for both writes [B, T, 2D] and copies q and k
+         out dense for cuDNN with the bias add, and its backward concatenates dq and dk back
+         and sums them again for the bias; here the bias's gradient is a row of the weight
+         gradient's GEMM. At the paper's shape on an H200: -0.79 ms of Pre-LN's step (its
+         value GEMM, merged with c_attn, was sliced out too), -0.60 ms of SAS's and SAS-P's;
+         float32 round-off, in bfloat16 q and k rounded once where the bias add rounded twice.
+         The ones-column input is kept for the backward (+0.4 GiB a device for Pre-LN).
+         Elsewhere (the explicit path, whose score GEMM reads the halves in place) the one
+         GEMM's split with an optimization barrier on its tangent, so that the backward
+         concatenates dq and dk once: XLA:GPU otherwise makes that concatenation twice, for
+         the input's gradient and again for the weight gradient (-0.71 ms of explicit SAS-P's
+         step; bit for bit).
   combine (GPU, TPU) the fused form's causal combine `beta A v + alpha v - gamma C v` and
          its backward as one Pallas kernel each (`combine_kernel.py`; Mosaic kernels of their
          own on a TPU, `combine_kernel_tpu.py`): C v and C^T g stay on chip and the gain
@@ -113,11 +119,14 @@ def _relu_jvp(primals, tangents):
   return relu(x), jax.jvp(lambda x: jax.nn.leaky_relu(x, 0.0), (x,), (dx,))[1]
 
 
-def biased_halves(x_ND, kernel_DF, bias_F):
+def biased_halves(x_ND, kernel_DF, bias_F, *, separate: bool):
   """`jnp.split(x @ kernel + bias, 2, axis=-1)` for x [N.., D], kernel [D, F], bias [F], with
-  the `split` rule when it applies: each half a GEMM of its own with its bias inside."""
+  the `split` rule when it applies: `separate`, each half a GEMM of its own with its bias
+  inside; else the one GEMM's halves, the split's tangent held."""
   if not enabled("split"):
     return tuple(jnp.split(matmul(x_ND, kernel_DF) + bias_F, 2, axis=-1))
+  if not separate:
+    return _held_split(matmul(x_ND, kernel_DF) + bias_F)
   D = x_ND.shape[-1]
   # One column of ones for the bias, then zeros to a multiple of 8: the tensor cores'
   # bfloat16 granule of the contracted width (769 would leave every row misaligned).
@@ -132,6 +141,17 @@ def biased_halves(x_ND, kernel_DF, bias_F):
     held_x_NA, held_kernel_AH = jax.lax.optimization_barrier((x_NA, kernel_AH))
     halves.append(matmul(held_x_NA, held_kernel_AH))
   return tuple(halves)
+
+
+@jax.custom_jvp
+def _held_split(x_ND):
+  return tuple(jnp.split(x_ND, 2, axis=-1))
+
+
+@_held_split.defjvp
+def _held_split_jvp(primals, tangents):
+  (x_ND,), (dx_ND,) = primals, tangents
+  return _held_split(x_ND), tuple(jnp.split(jax.lax.optimization_barrier(dx_ND), 2, axis=-1))
 
 
 def scaled_skip(gain, x_BTD):

@@ -200,9 +200,11 @@ def tied_head(x_BTD, embedding_VD, dtype) -> jax.Array:
 class QKDense(nn.Module):
   """The attention's c_attn: x [.., D] -> (q, k), [.., D] each, the halves of
   `x @ kernel + bias` (`dense`'s float32 `kernel` [D, 2D] and zero `bias` [2D], as nn.Dense
-  makes them; computing in `dtype`), as `grad_rules.biased_halves` forms them."""
+  makes them; computing in `dtype`), as `grad_rules.biased_halves` forms them: `separate`
+  where the attention's kernel takes q and k as arrays of their own."""
   dtype: Any = jnp.float32
   kernel_init: Callable = normal_init(PLAIN_STD)
+  separate: bool = False
 
   @nn.compact
   def __call__(self, x_ND):
@@ -210,7 +212,8 @@ class QKDense(nn.Module):
     kernel_DF = self.param("kernel", self.kernel_init, (D, 2 * D), jnp.float32)
     bias_F = self.param("bias", nn.initializers.zeros, (2 * D,), jnp.float32)
     x_ND, kernel_DF = quantize.operands(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype))
-    return grad_rules.biased_halves(x_ND, kernel_DF, bias_F.astype(self.dtype))
+    return grad_rules.biased_halves(x_ND, kernel_DF, bias_F.astype(self.dtype),
+                                    separate=self.separate)
 
 
 class GainDense(nn.Module):
