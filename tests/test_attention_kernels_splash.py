@@ -89,6 +89,18 @@ def test_mesh_split_gives_axes_to_the_batch_then_the_heads():
   assert split((("data", 8),), 3, 5) == ((), ())   # neither divides: repeated, not split
 
 
+def test_tokens_per_device_divides_by_the_axes_that_split_the_batch():
+  """What the attention sub-block reads to choose its q/k form (block.py): off a mesh every
+  token; under one, the batch's share as `mesh_split` gives it (not the heads')."""
+  assert attention_kernels.tokens_per_device(8, 128, 2) == 1024
+  mesh = jax.sharding.AbstractMesh((4, 2), ("data", "fsdp"),
+                                   axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  with jax.sharding.use_abstract_mesh(mesh):
+    assert attention_kernels.tokens_per_device(8, 128, 12) == 128    # data and fsdp
+    assert attention_kernels.tokens_per_device(4, 128, 12) == 128    # data; fsdp on heads
+    assert attention_kernels.tokens_per_device(3, 128, 5) == 384     # neither divides
+
+
 def test_splash_under_an_eight_device_mesh_equals_explicit():
   proc = subprocess.run([sys.executable, "-c", SCRIPT], env=subprocess_env(devices=8),
                         cwd=REPO, capture_output=True, text=True, timeout=600, check=False)

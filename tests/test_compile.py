@@ -17,6 +17,7 @@ from simplified_flax.aot import programs
 from simplified_flax.aot import report
 from simplified_flax.aot import targets
 from simplified_flax.model import attention_kernels
+from simplified_flax.model import block
 from simplified_flax.model import grad_rules
 from simplified_flax.model import target_platform
 from test_loop import REPO, subprocess_env
@@ -110,18 +111,28 @@ def test_a_gpu_program_calls_cudnn_attention(gpu_steps):
   assert report.attention_kernel(hlo) == "cudnn"
 
 
-def test_a_gpu_program_makes_q_and_k_in_two_gemms_and_copies_neither_gradient(gpu_steps):
-  """grad_rules' split rule on a GPU: c_attn's q and k are a GEMM each, forward and for the
-  input's gradient; the backward neither concatenates dq and dk nor sums them for the bias
-  (what the one-GEMM form's backward does)."""
-  kernels = [k for k in hlo_costs.parse(gpu_steps.train.as_text()).kernels.values()
+@pytest.mark.parametrize("min_tokens", [None, 1024])
+def test_a_gpu_program_makes_q_and_k_apart_where_each_device_has_the_tokens(
+    gpu_steps, monkeypatch, min_tokens):
+  """grad_rules' split rule on a GPU, for the tiny step's 1,024 tokens a device: under
+  `block.SEPARATE_QK_MIN_TOKENS` (4,096), the one GEMM's halves, whose backward concatenates
+  dq and dk (once); with the threshold at 1,024, a GEMM each, forward and for the input's
+  gradient, and a backward that neither concatenates them nor sums them for the bias."""
+  steps = gpu_steps
+  if min_tokens:
+    monkeypatch.setattr(block, "SEPARATE_QK_MIN_TOKENS", min_tokens)
+    steps = programs.compile_for(_tiny(), targets.parse("h100"))
+  kernels = [k for k in hlo_costs.parse(steps.train.as_text()).kernels.values()
              if "/h_0/attn/c_attn/" in k.op_name]
   backward = [k for k in kernels if "transpose(jvp(" in k.op_name]
   forward = [k for k in kernels if k not in backward]
+  concatenations = [k for k in backward if k.op_name.endswith("/concatenate")]
+  if not min_tokens:
+    assert len(concatenations) == 1 and sum(k.is_matmul for k in forward) < 2
+    return
   assert sum(k.is_matmul for k in forward) == 2
   assert sum(k.is_matmul and k.op_name.endswith("/dot_general") for k in backward) == 2
-  assert not [k.op_name for k in backward
-              if k.op_name.endswith(("/concatenate", "/reduce_sum"))]
+  assert not concatenations and not [k for k in backward if k.op_name.endswith("/reduce_sum")]
 
 
 def test_the_combine_kernels_compile_for_a_gpu_as_triton_calls():

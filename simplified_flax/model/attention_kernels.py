@@ -7,6 +7,7 @@ with the same result. `SIMPLIFIED_FLAX_ATTENTION_KERNEL=xla` forces XLA everywhe
 `resolve_impl` turns `model.attention_impl="auto"` into the path the block takes.
 """
 import functools
+import math
 import os
 from typing import Literal, Tuple
 
@@ -111,6 +112,15 @@ def mesh_split(axes, batch: int, num_heads: int) -> Tuple[Tuple[str, ...], Tuple
       head_axes.append(name)
       head_split *= size
   return tuple(batch_axes), tuple(head_axes)
+
+
+def tokens_per_device(batch: int, seq_len: int, num_heads: int) -> int:
+  """The tokens of a [batch, seq_len] batch that each device's attention kernel sees: the
+  batch split over the ambient mesh's axes as `mesh_split` splits it (all of them off a mesh,
+  or under `jax.pmap`, whose traced batch is the device's own)."""
+  axes = ambient_axes()[1]
+  batch_axes, _ = mesh_split(axes, batch, num_heads)
+  return batch * seq_len // math.prod(size for name, size in axes if name in batch_axes)
 
 
 def _splash(q_BTHd, k_BTHd, v_BTHd, *, is_causal: bool, interpret: bool):

@@ -30,6 +30,15 @@ def _qk_kernel_init(m):
   return init
 
 
+# The fewest tokens per device for which the attention sub-block makes q and k as GEMMs of
+# their own (`grad_rules.biased_halves`). The copies that saves grow with the tokens; the
+# second weight-gradient GEMM it costs (XLA gives each a split-K pass) does not. H200
+# roofline estimates at the paper's shape, batch 128 over 4 GPUs (4,096 tokens a device):
+# Pre-LN 7.92 -> 7.82 ms, SAS-P 7.15 -> 6.86; over 8 (2,048): Pre-LN 5.01 -> 5.08, SAS-P
+# 4.52 -> 4.43.
+SEPARATE_QK_MIN_TOKENS = 4096
+
+
 class AttentionSubBlock(nn.Module):
   """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (Eqs. (3)-(7)), per
   head alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain. With
@@ -49,8 +58,11 @@ class AttentionSubBlock(nn.Module):
     H = m.n_head
     impl = self._impl()
     # The fused path's kernels take q and k as arrays of their own: cut out of one GEMM's
-    # output they are copies, so there they are made apart (grad_rules' `split` rule).
-    q_BTD, k_BTD = layers.QKDense(self.dtype, _qk_kernel_init(m), separate=impl == "fused",
+    # output they are copies, so there they are made apart (grad_rules' `split` rule), where
+    # each device has the tokens for the copies to outweigh a second weight-gradient GEMM.
+    separate = (impl == "fused" and grad_rules.enabled("split") and
+                attention_kernels.tokens_per_device(B, T, H) >= SEPARATE_QK_MIN_TOKENS)
+    q_BTD, k_BTD = layers.QKDense(self.dtype, _qk_kernel_init(m), separate=separate,
                                   name="c_attn")(x_BTD)
     v_BTD = layers.ReparamLinear(valproj.value_settings(m, self.layer), self.dtype,
                                  name="value")(x_BTD, anchors.get("value"))

@@ -12,7 +12,9 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          which costs a read and a write of every [B, T, 4D] activation (-3.6 GB per step at
          the paper's shape on an H200, read from the compiled program).
   split  (GPU) c_attn's q and k. Where the attention's kernel takes them as arrays of their
-         own (cuDNN: the fused path), as two GEMMs, each taking its bias as one more row of its
+         own (cuDNN: the fused path) and each device has at least 4,096 tokens (`Block`
+         decides; with fewer the second weight-gradient GEMM costs more than the copies
+         save), as two GEMMs, each taking its bias as one more row of its
          kernel against a column of ones appended to the input (`[x, 1, 0..] @ [W; b; 0..]`),
          kept apart by an optimization barrier on each one's operands (XLA's dot merger would
          join them again). Autodiff's one GEMM for both writes [B, T, 2D] and copies q and k

@@ -201,7 +201,7 @@ class QKDense(nn.Module):
   """The attention's c_attn: x [.., D] -> (q, k), [.., D] each, the halves of
   `x @ kernel + bias` (`dense`'s float32 `kernel` [D, 2D] and zero `bias` [2D], as nn.Dense
   makes them; computing in `dtype`), as `grad_rules.biased_halves` forms them: `separate`
-  where the attention's kernel takes q and k as arrays of their own."""
+  (the block decides) as two GEMMs, the kernel and bias made whole on every device first."""
   dtype: Any = jnp.float32
   kernel_init: Callable = normal_init(PLAIN_STD)
   separate: bool = False
@@ -212,8 +212,14 @@ class QKDense(nn.Module):
     kernel_DF = self.param("kernel", self.kernel_init, (D, 2 * D), jnp.float32)
     bias_F = self.param("bias", nn.initializers.zeros, (2 * D,), jnp.float32)
     x_ND, kernel_DF = quantize.operands(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype))
-    return grad_rules.biased_halves(x_ND, kernel_DF, bias_F.astype(self.dtype),
-                                    separate=self.separate)
+    bias_F = bias_F.astype(self.dtype)
+    mesh, axes = attention_kernels.ambient_axes()
+    if self.separate and axes:
+      # Whole on every device before it is cut in halves: cut along its FSDP-split columns,
+      # XLA would move the halves between devices (all-to-all) rather than gather them once.
+      whole = jax.sharding.NamedSharding(mesh, P())
+      kernel_DF, bias_F = (jax.lax.with_sharding_constraint(a, whole) for a in (kernel_DF, bias_F))
+    return grad_rules.biased_halves(x_ND, kernel_DF, bias_F, separate=self.separate)
 
 
 class GainDense(nn.Module):
