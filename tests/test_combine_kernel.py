@@ -2,6 +2,8 @@
 `model/combine_kernel_tpu.py` for TPUs; the `combine` rule of `model.grad_rules`), run in
 interpret mode on the CPU: values and every gradient as the XLA form of Eq. (6), to float32
 round-off (bfloat16: one rounding of the result)."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,9 +65,30 @@ def test_the_kernels_give_the_xla_combine_and_its_gradients(backend, T, H, d, ha
       continue
     assert g.shape == w.shape and g.dtype == w.dtype, name
     scale = np.abs(np.float32(w)).max()
-    tol = one_rounding * scale if g.ndim == 4 else 1e-5 * scale
+    # float32: a few steps of the largest value, the sums being associated differently (the
+    # steps differ with the host CPU's vector width).
+    tol = max(one_rounding, 2.0 ** -20) * scale if g.ndim == 4 else 1e-5 * scale
     np.testing.assert_allclose(np.float32(g), np.float32(w), rtol=0, atol=tol + 1e-6,
                                err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_gpu_forward_writes_the_sums_of_squares_of_its_rounded_result(dtype):
+  """`sum_squares=True`: the same result, its per-token sum of squares over the heads (as a
+  norm reading the stored result sums them), and the same gradients (the sums undifferentiated)."""
+  av, v, gains_and_addend, cotangent = _inputs(64, 3, 16, dtype, False)
+  combine = lambda *args, **kw: combine_kernel.causal_combine(*args[:5], True, True, **kw)
+  want, want_vjp = jax.vjp(combine, av, v, *gains_and_addend)
+  (got, sums_BT), got_vjp = jax.vjp(functools.partial(combine, sum_squares=True), av, v,
+                                    *gains_and_addend)
+  np.testing.assert_array_equal(np.float32(got), np.float32(want))
+  assert sums_BT.shape == (B, 64) and sums_BT.dtype == jnp.float32
+  np.testing.assert_allclose(sums_BT, jnp.sum(jnp.square(np.float32(got)), axis=(2, 3)),
+                             rtol=1e-6)
+  for g, w in zip(got_vjp((cotangent, jnp.ones_like(sums_BT))), want_vjp(cotangent)):
+    np.testing.assert_array_equal(np.float32(g), np.float32(w))
+  with pytest.raises(ValueError, match="GPU"):
+    combine(av, v, *gains_and_addend, backend="tpu", sum_squares=True)
 
 
 def test_the_tpu_kernels_take_whole_lanes_of_heads_and_chunks_of_128_times():

@@ -41,6 +41,9 @@ def test_rules_on_and_off_give_the_same_gradients(variant, impl):
   assert "custom_jvp_call" in jaxpr_on          # the rules are really used ...
   assert "custom_jvp_call" not in jaxpr_off     # ... and "off" is plain autodiff
   assert ("pallas_call" in jaxpr_on) == (impl == "fused") and "pallas_call" not in jaxpr_off
+  # SAS's norm2 takes its sums of squares from the combine kernels (the norm_stats rule).
+  assert ("_rms_norm_given_sums" in jaxpr_on) == (variant == "sas")
+  assert "_rms_norm_given_sums" not in jaxpr_off
   assert jax.tree.structure(grads_on) == jax.tree.structure(grads_off)
   for on, off in zip(jax.tree.leaves(grads_on), jax.tree.leaves(grads_off)):
     np.testing.assert_allclose(on, off, rtol=1e-4, atol=1e-6)
@@ -110,7 +113,8 @@ def test_auto_applies_each_rule_on_its_platform_and_a_nonzero_slope_keeps_leaky_
     for platform in ("cpu", "gpu", "tpu"):
       with target_platform.compiling_for(platform):
         assert (grad_rules.enabled("relu") == grad_rules.enabled("split")
-                == grad_rules.enabled("skip") == (platform == "gpu"))
+                == grad_rules.enabled("skip") == grad_rules.enabled("norm_stats")
+                == (platform == "gpu"))
         assert grad_rules.enabled("combine") == (platform in ("gpu", "tpu"))
         assert grad_rules.enabled("dense") == grad_rules.enabled("gains") == (platform == "cpu")
         assert grad_rules.enabled("out_gain") == (platform == "tpu")
@@ -164,6 +168,33 @@ def test_the_split_rule_gives_q_and_k_as_one_gemm_and_its_bias_add_does(dtype, t
     assert grad_rules.enabled("split")
   assert not np.allclose(q_ND.astype(jnp.float32), results["off"][0][0].astype(jnp.float32),
                          atol=tolerance * 10)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_norm_stats_rule_gives_the_plain_norms_value_and_gradients(dtype):
+  """`layers.rms_norm` given x's sums of squares: the plain norm's value and gradients, the
+  sums' part of the gradient in x's (their own cotangent zero)."""
+  keys = jax.random.split(jax.random.key(0), 3)
+  x_BTD = (3.0 * jax.random.normal(keys[0], (2, 5, 8))).astype(dtype)
+  scale_D = 1.0 + jax.random.normal(keys[1], (8,))
+  weights_BTD = jax.random.normal(keys[2], (2, 5, 8))
+  sums_BT = jnp.sum(jnp.square(x_BTD.astype(jnp.float32)), axis=-1)
+  loss = lambda x, scale, sums: jnp.sum(
+      layers.rms_norm(x, scale, 1e-5, dtype, sums).astype(jnp.float32) * weights_BTD)
+  plain_loss = lambda x, scale: loss(x, scale, None)
+  one_rounding = 1e-6 if dtype == jnp.float32 else 2.0 ** -7
+  np.testing.assert_allclose(
+      np.float32(layers.rms_norm(x_BTD, scale_D, 1e-5, dtype, sums_BT)),
+      np.float32(layers.rms_norm(x_BTD, scale_D, 1e-5, dtype)), rtol=one_rounding, atol=1e-6)
+  dx, dscale, dsums = jax.grad(loss, argnums=(0, 1, 2))(x_BTD, scale_D, sums_BT)
+  want_dx, want_dscale = jax.grad(plain_loss, argnums=(0, 1))(x_BTD, scale_D)
+  np.testing.assert_allclose(np.float32(dx), np.float32(want_dx), rtol=one_rounding, atol=1e-6)
+  np.testing.assert_allclose(dscale, want_dscale, rtol=one_rounding, atol=1e-6)
+  np.testing.assert_array_equal(dsums, 0.0)
+  # Autodiff of the forward, the sums held as given, would miss their part of x's gradient.
+  as_given = lambda x: jnp.sum((scale_D * x.astype(jnp.float32) / (
+      jnp.sqrt(sums_BT[..., None] / 8) + 1e-5)).astype(dtype).astype(jnp.float32) * weights_BTD)
+  assert not np.allclose(np.float32(jax.grad(as_given)(x_BTD)), np.float32(want_dx), atol=1e-3)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -178,12 +178,16 @@ def takes_combine_kernels(v_shape, *, centred: bool, simple_causal: bool) -> boo
 def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: bool,
                      key_mask=None, segment_ids=None, query_offset=0, impl: Impl = "explicit",
                      logit_soft_cap=None, return_probs: bool = False, out_gain=None,
-                     addend=None):
+                     addend=None, return_sum_squares: bool = False):
   """Shaped attention `A' v` [B, Q, H, d] in v's dtype, in either form; `key_mask` [B, K] is
   True on real tokens. `return_probs` (explicit only) also returns the float32 softmax A
   [B, H, Q, K]. Both forms agree to float32 round-off, gradients included. `out_gain`: the
   result times it. `addend` [B, Q, H, d]: added to the result (a parallel block's sum), by
-  the combine's kernels before their one rounding where they apply."""
+  the combine's kernels before their one rounding where they apply. `return_sum_squares`
+  (not with `return_probs`): also `sum_squares(result)` [B, Q], for the RMS norm that reads
+  the result next (`layers.rms_norm`); the GPU's combine kernels write it with the result."""
+  if return_sum_squares and return_probs:
+    raise ValueError("return_sum_squares and return_probs cannot both be set.")
   if impl not in IMPLS:
     raise ValueError(f"Unknown attention impl {impl!r}; expected one of {IMPLS}.")
   if impl == "fused" and (return_probs or logit_soft_cap is not None):
@@ -212,16 +216,22 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
       head_vector = lambda g: scale * jnp.broadcast_to(
           jnp.asarray(0.0 if g is None else g, jnp.float32).reshape(-1), (q.shape[2],))
       # The TPU's Mosaic kernels or the GPU's Triton ones; elsewhere the GPU's interpreted.
-      return combine_kernel.causal_combine(
+      backend = "tpu" if platform == "tpu" else "gpu"
+      out = combine_kernel.causal_combine(
           attended_BQHd, v, head_vector(resid_gain), head_vector(skip_gain),
           head_vector(centre_gain), skip_gain is not None, platform not in ("gpu", "tpu"),
-          addend, backend="tpu" if platform == "tpu" else "gpu")
+          addend, backend=backend, sum_squares=return_sum_squares and backend == "gpu")
+      if return_sum_squares and backend != "gpu":
+        return out, sum_squares(out)
+      return out
     terms = []
     if skip_gain is not None:
       terms.append((skip_gain, masks.take_queries(v, Tq, query_offset)))
     if centre_gain is not None:
       terms.append((centre_gain, -centred_values(v, num_queries=Tq, **where)))
-    return _plus(addend, _times(out_gain, combine_fused_terms(attended_BQHd, resid_gain, terms)))
+    out_BQHd = _plus(addend,
+                     _times(out_gain, combine_fused_terms(attended_BQHd, resid_gain, terms)))
+    return (out_BQHd, sum_squares(out_BQHd)) if return_sum_squares else out_BQHd
 
   mask = masks.attention_mask(Tq, Tk, **where)
   logits_BHQK = jnp.where(mask, attention_logits(q, k, logit_soft_cap=logit_soft_cap),
@@ -238,7 +248,15 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
   shaped_BHQK, probs_BHQK = shape(logits_BHQK, head_vector(resid_gain), terms)
   out_BQHd = _times(out_gain, jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v))
   out_BQHd = _plus(addend, out_BQHd)
+  if return_sum_squares:
+    return out_BQHd, sum_squares(out_BQHd)
   return (out_BQHd, probs_BHQK) if return_probs else out_BQHd
+
+
+def sum_squares(out_BQHd) -> jax.Array:
+  """float32 [B, Q]: the sum over heads and d of out^2, not differentiated (a statistic for
+  `layers.rms_norm`, whose gradient takes the sums' part through x)."""
+  return jax.lax.stop_gradient(jnp.sum(jnp.square(out_BQHd.astype(jnp.float32)), axis=(2, 3)))
 
 
 def _times(gain, out_BQHd):

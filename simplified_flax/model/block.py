@@ -50,9 +50,11 @@ class AttentionSubBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x_BTD, anchors: Dict[str, jax.Array], *, key_mask=None, segment_ids=None,
-               cache_index=None, lengths=None, out_gain=None, addend=None):
+               cache_index=None, lengths=None, out_gain=None, addend=None,
+               with_sum_squares=False):
     """With the identity projection only: `out_gain` (a scalar), the output times it;
-    `addend` [B, T, D], added to the output."""
+    `addend` [B, T, D], added to the output; `with_sum_squares`, (output, its sum of squares
+    over D [B, T], float32, for `layers.rms_norm`; not with a cache)."""
     m = self.cfg
     B, T, D = x_BTD.shape
     H = m.n_head
@@ -84,14 +86,20 @@ class AttentionSubBlock(nn.Module):
       out_BTHd = self._attend_cached(q_BTHd, k_BTHd, v_BTHd, attn_args, impl,
                                      index_B=cache_index, lengths_B=lengths)
     else:
-      explicit = impl == "explicit"   # which alone can return A, for diagnostics
+      explicit = impl == "explicit" and not with_sum_squares   # which alone can return A
       out_BTHd = attention.shaped_attention(
           q_BTHd, k_BTHd, v_BTHd, **attn_args, causal=self.causal, key_mask=key_mask,
           segment_ids=segment_ids, impl=impl, return_probs=explicit, out_gain=out_gain,
-          addend=None if addend is None else addend.reshape(B, T, H, D // H))
+          addend=None if addend is None else addend.reshape(B, T, H, D // H),
+          return_sum_squares=with_sum_squares)
       if explicit:
         out_BTHd, probs_BHTT = out_BTHd
         self.sow("intermediates", "attn_probs", probs_BHTT)
+      if with_sum_squares:
+        if valproj.proj_settings(m, self.layer).form != "identity":
+          raise ValueError("with_sum_squares needs the identity projection.")
+        out_BTHd, sum_squares_BT = out_BTHd
+        return out_BTHd.reshape(B, T, D), sum_squares_BT
     return layers.ReparamLinear(valproj.proj_settings(m, self.layer), self.dtype, name="proj")(
         out_BTHd.reshape(B, T, D), anchors.get("proj"))
 
@@ -198,11 +206,24 @@ class Block(nn.Module):
     # shape). After a GEMM or the explicit form XLA keeps them apart (+0.19 ms there).
     skip_rule = (fold and combine_kernels and m.attn_block_skip_gain == 0
                  and m.norm_position == "pre" and m.trainable_mlp_block_gains)
+    # Where norm2 (an RMS norm) reads the combine kernels' output itself (SAS, as above), it
+    # takes its sums of squares from them (the `norm_stats` rule): no reduction kernel of its
+    # own then reads the whole output again.
+    norm_stats = (fold and combine_kernels and m.attn_block_skip_gain == 0
+                  and m.norm_position == "pre" and m.norm_type == "rmsnorm"
+                  and grad_rules.enabled("norm_stats"))
+    sum_squares_BT = None   # of the attention's output, for norm2 (norm_stats)
     for kind, norm, branch, resid in (("attn", norm1, attn_fn, attn_resid_outside),
                                       ("mlp", norm2, mlp_fn, mlp_resid_outside)):
       if m.norm_position == "post":
         x_BTD = norm(x_BTD)
-      out_BTD = resid * branch(norm(x_BTD) if m.norm_position == "pre" else x_BTD)
+      if kind == "attn" and norm_stats:   # fold: no gain, dropout or projection after it
+        x_BTD, sum_squares_BT = attn(norm(x_BTD), anchors, with_sum_squares=True,
+                                     out_gain=attn_resid)
+        continue
+      if m.norm_position == "pre":
+        h_BTD = norm(x_BTD) if sum_squares_BT is None else norm(x_BTD, sum_squares_BT)
+      out_BTD = resid * branch(h_BTD if m.norm_position == "pre" else x_BTD)
       if m[f"{kind}_block_skip_gain"] == 0:
         x_BTD = out_BTD.astype(self.dtype)   # a lone branch: XLA may fuse the cast onwards
         continue

@@ -20,6 +20,13 @@ it before its one rounding, and the addend's gradient is g itself: the block's s
 no kernel of its own, which would read the combine's result and the addend and write the
 block's output (-0.9 GB per step for SAS-P at the paper's shape on an H200).
 
+With `sum_squares` the forward also writes each token's sum of squares of the rounded result,
+per head ([B, H, T] float32, 0.8 MB at the paper's shape): an RMS norm that reads the result
+next (SAS's norm2, `layers.rms_norm`) then needs no reduction kernel of its own, which would
+read the whole result again (-25 MB a layer, -0.09 ms a step for SAS on an H200). The sums
+are a statistic, not differentiated (`stop_gradient`): the norm that takes them
+differentiates as if it had made them itself.
+
 q/k/v layout [B, T, H, d]; gains [H]. `interpret=True` runs the kernels on any backend (tests).
 `backend="tpu"` takes the same sums as Mosaic kernels laid out for a TPU's tiles
 (combine_kernel_tpu.py); the custom VJP, the gains' folding and the mesh split are shared.
@@ -66,8 +73,9 @@ def _chunk_positions(i, chunk):
 
 
 def _forward_kernel(av_ref, v_ref, resid_ref, skip_ref, centre_ref, *refs, has_skip,
-                    has_addend):
-  addend_ref, out_ref = refs if has_addend else (None,) + refs
+                    has_addend, has_sum_squares=False):
+  refs = (None,) * (not has_addend) + refs + (None,) * (not has_sum_squares)
+  addend_ref, out_ref, sum_squares_ref = refs
   chunk = chunk_of(v_ref.shape[0])
   resid_d, centre_d = resid_ref[...], centre_ref[...]
   skip_d = skip_ref[...] if has_skip else None
@@ -83,7 +91,11 @@ def _forward_kernel(av_ref, v_ref, resid_ref, skip_ref, centre_ref, *refs, has_s
     out_cd = out_cd + centre_d[None, :] * -mean_cd
     if has_addend:
       out_cd = out_cd + addend_ref[rows, :].astype(jnp.float32)
-    out_ref[rows, :] = out_cd.astype(out_ref.dtype)
+    out_cd = out_cd.astype(out_ref.dtype)
+    out_ref[rows, :] = out_cd
+    if has_sum_squares:   # of the result as stored: what a norm reading it would sum
+      rounded_cd = out_cd.astype(jnp.float32)
+      sum_squares_ref[rows] = jnp.sum(rounded_cd * rounded_cd, axis=1)
     return running_d + jnp.sum(v_cd, axis=0)
 
   jax.lax.fori_loop(0, v_ref.shape[0] // chunk, step, jnp.zeros((d,), jnp.float32))
@@ -125,7 +137,7 @@ def _backward_kernel(g_ref, av_ref, v_ref, resid_ref, skip_ref, centre_ref,
 
 
 def _call(local, inputs, out_shapes):
-  """`local(*inputs)` (the kernels on one shard: [B, T, H, d] arrays, [H, d] gains, [B, H, d]
+  """`local(*inputs)` (the kernels on one shard: [B, T, H, d] arrays, [H, d] gains, [B, H, n]
   sums), `shard_map`ped over the ambient mesh's automatic axes, which split the batch, else
   the heads (a custom call XLA cannot partition)."""
   B, _, H, _ = inputs[0].shape
@@ -139,7 +151,7 @@ def _call(local, inputs, out_shapes):
 
 def _gpu_local(kernel, out_shapes, *, interpret):
   """The GPU kernels on one shard: `kernel` over the grid (B, H), each program owning one
-  sequence of one head ([T, d] arrays, [d] gains, [d] sums)."""
+  sequence of one head ([T, d] arrays, [d] gains, [n] sums of [B, H, n])."""
   params = {}
   if not interpret:
     from jax.experimental.pallas import triton  # pylint: disable=import-outside-toplevel
@@ -147,14 +159,16 @@ def _gpu_local(kernel, out_shapes, *, interpret):
 
   def local(*local_inputs):
     B_local, T, H_local, d = local_inputs[0].shape
-    blocks = {4: pl.BlockSpec((None, T, None, d), lambda b, h: (b, 0, h, 0)),   # [B, T, H, d]
-              2: pl.BlockSpec((None, d), lambda b, h: (h, 0)),                  # gains [H, d]
-              3: pl.BlockSpec((None, None, d), lambda b, h: (b, h, 0))}         # sums [B, H, d]
-    shapes = {4: local_inputs[0].shape, 3: (B_local, H_local, d)}
-    local_outs = [jax.ShapeDtypeStruct(shapes[len(s.shape)], s.dtype) for s in out_shapes]
+    block = lambda shape: {
+        4: pl.BlockSpec((None, T, None, d), lambda b, h: (b, 0, h, 0)),           # [B, T, H, d]
+        2: pl.BlockSpec((None, d), lambda b, h: (h, 0)),                          # gains [H, d]
+        3: pl.BlockSpec((None, None, shape[-1]), lambda b, h: (b, h, 0))}[len(shape)]  # sums
+    local_shape = lambda s: local_inputs[0].shape if len(s.shape) == 4 else (
+        B_local, H_local, s.shape[-1])
+    local_outs = [jax.ShapeDtypeStruct(local_shape(s), s.dtype) for s in out_shapes]
     return pl.pallas_call(kernel, out_shape=tuple(local_outs), grid=(B_local, H_local),
-                          in_specs=[blocks[x.ndim] for x in local_inputs],
-                          out_specs=tuple(blocks[len(s.shape)] for s in local_outs),
+                          in_specs=[block(x.shape) for x in local_inputs],
+                          out_specs=tuple(block(s.shape) for s in local_outs),
                           interpret=interpret, **params)(*local_inputs)
   return local
 
@@ -190,43 +204,57 @@ BACKENDS = ("gpu", "tpu")   # whose kernels: Triton's here, Mosaic's in combine_
 
 
 def causal_combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, has_skip, interpret,
-                   addend_BTHd=None, backend="gpu"):
+                   addend_BTHd=None, backend="gpu", sum_squares=False):
   """`resid * (A v) + skip * v - centre * (C v)` [B, T, H, d] in A v's dtype, causal C; gains
   float32 [H] (`skip_H` ignored unless `has_skip`). `addend_BTHd` (optional): added before
-  the rounding. `backend`: whose kernels (BACKENDS), run as they are or `interpret`ed."""
+  the rounding. `backend`: whose kernels (BACKENDS), run as they are or `interpret`ed.
+  `sum_squares` (the GPU's kernels only): (out, float32 [B, T] sum over H and d of out^2,
+  not differentiated)."""
   if backend not in BACKENDS:
     raise ValueError(f"Unknown combine kernel backend {backend!r}; expected one of {BACKENDS}.")
-  return _combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret,
-                  backend)
+  if sum_squares and backend != "gpu":
+    raise ValueError("Only the GPU's combine kernels write sums of squares.")
+  out = _combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret,
+                 backend, sum_squares)
+  if not sum_squares:
+    return out
+  out_BTHd, sum_squares_BHT = out
+  return out_BTHd, jax.lax.stop_gradient(sum_squares_BHT.sum(axis=1))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
 def _combine(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret,
-             backend):
-  out, _ = _forward(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip,
-                    interpret, backend)
-  return out
+             backend, sum_squares):
+  outs, _ = _forward(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip,
+                     interpret, backend, sum_squares)
+  return outs
 
 
 def _forward(av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd, has_skip, interpret,
-             backend):
-  d = v_BTHd.shape[-1]
+             backend, sum_squares):
+  """(out, or (out, sums [B, H, T]) with `sum_squares`; the backward's residuals)."""
+  B, T, H, d = v_BTHd.shape
   addend = () if addend_BTHd is None else (addend_BTHd,)
   out_shapes = [jax.ShapeDtypeStruct(av_BTHd.shape, av_BTHd.dtype)]
+  if sum_squares:
+    out_shapes.append(jax.ShapeDtypeStruct((B, H, T), jnp.float32))
   if backend == "tpu":
     local = functools.partial(combine_kernel_tpu.forward_local, has_skip=has_skip,
                               interpret=interpret)
   else:
     local = _gpu_local(functools.partial(_forward_kernel, has_skip=has_skip,
-                                         has_addend=bool(addend)), out_shapes,
-                       interpret=interpret)
-  [out_BTHd] = _call(local, (av_BTHd, v_BTHd) + _gains_Hd((resid_H, skip_H, centre_H), d)
-                     + addend, out_shapes)
+                                         has_addend=bool(addend), has_sum_squares=sum_squares),
+                       out_shapes, interpret=interpret)
+  outs = _call(local, (av_BTHd, v_BTHd) + _gains_Hd((resid_H, skip_H, centre_H), d) + addend,
+               out_shapes)
   # The addend rides along for its dtype only: the backward reads no element of it.
-  return out_BTHd, (av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd)
+  return (tuple(outs) if sum_squares else outs[0],
+          (av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd))
 
 
-def _backward(has_skip, interpret, backend, residuals, g_BTHd):
+def _backward(has_skip, interpret, backend, sum_squares, residuals, g):
+  # The sums' cotangent is zero: causal_combine returns them through stop_gradient.
+  g_BTHd = g[0] if sum_squares else g
   av_BTHd, v_BTHd, resid_H, skip_H, centre_H, addend_BTHd = residuals
   B, _, H, d = v_BTHd.shape
   sums = jax.ShapeDtypeStruct((B, H, d), jnp.float32)

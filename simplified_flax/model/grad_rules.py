@@ -45,6 +45,14 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          that reads both again (-0.9 GB per step for SAS at the paper's shape on an H200;
          float32 round-off). After a GEMM or the explicit form it made a kernel of its own
          (+0.9 GB for Value-SkipInit and explicit SAS), so it is not applied there.
+  norm_stats (GPU) where an RMS norm reads the combine kernels' output itself (SAS's norm2:
+         no attention skip, the identity projection; `Block` decides), the forward kernel
+         also writes each token's sum of squares of its rounded result per head ([B, H, T]
+         float32), and the norm takes its root mean square from them, where XLA makes them
+         in a reduction kernel that reads the whole output again (-0.45 GB and -0.09 ms a step
+         for SAS on an H200 at the paper's shape). The norm's gradient is the plain norm's
+         (`layers.rms_norm`): its backward takes the sums from x again, in the reduction over
+         x and g that it makes anyway (float32 round-off: the sums are associated otherwise).
   out_gain (TPU) a trainable scalar gain on a linear layer's output, `gain * (x @ W)` (the
          MLP's block gain where it stays out of W_proj), with the gain's gradient taken as
          sum(x * (g W^T)) from the layer's input and the input-gradient product the backward
@@ -71,7 +79,8 @@ from simplified_flax.model import target_platform
 MODES = ("auto", "on", "off")
 # Where "auto" applies each rule.
 AUTO_PLATFORM = {"dense": ("cpu",), "gains": ("cpu",), "relu": ("gpu",), "split": ("gpu",),
-                 "combine": ("gpu", "tpu"), "skip": ("gpu",), "out_gain": ("tpu",)}
+                 "combine": ("gpu", "tpu"), "skip": ("gpu",), "out_gain": ("tpu",),
+                 "norm_stats": ("gpu",)}
 _MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
 
 

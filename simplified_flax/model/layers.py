@@ -35,11 +35,48 @@ class RMSNorm(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, sum_squares=None):
+    """`sum_squares` (optional, float32 x.shape[:-1]): sum(x^2) over the last axis, made by
+    whoever wrote x (`rms_norm`)."""
     scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
-    x32 = x.astype(jnp.float32)
-    rms = jnp.sqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True))
-    return (scale * x32 / (rms + self.eps)).astype(self.dtype)
+    return rms_norm(x, scale, self.eps, self.dtype, sum_squares)
+
+
+def rms_norm(x, scale, eps: float, dtype, sum_squares=None) -> jax.Array:
+  """RMSNorm of x [..., D] with scale [D], in `dtype`. With `sum_squares` [...] (sum(x^2) over
+  D, float32; the combine kernels write it with their result, combine_kernel.py) the root
+  mean square is taken from it, and the gradient is that of the plain norm: the sums'
+  cotangent goes to x, as if the norm had made them (the caller vouches that they are x's)."""
+  if sum_squares is None:
+    return _plain_rms_norm(x, scale, eps, dtype)
+  return _rms_norm_given_sums(x, scale, sum_squares, eps, dtype)
+
+
+def _plain_rms_norm(x, scale, eps, dtype):
+  x32 = x.astype(jnp.float32)
+  rms = jnp.sqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True))
+  return (scale * x32 / (rms + eps)).astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _rms_norm_given_sums(x, scale, sum_squares, eps, dtype):
+  rms = jnp.sqrt(sum_squares[..., None] / x.shape[-1])
+  return (scale * x.astype(jnp.float32) / (rms + eps)).astype(dtype)
+
+
+def _given_sums_forward(x, scale, sum_squares, eps, dtype):
+  return _rms_norm_given_sums(x, scale, sum_squares, eps, dtype), (x, scale, sum_squares)
+
+
+def _given_sums_backward(eps, dtype, residuals, g):
+  # The plain norm's backward, which takes the sums again from x: XLA makes them in the
+  # reduction over x and g that the backward has anyway, so that costs no pass of its own.
+  x, scale, sum_squares = residuals
+  _, plain_vjp = jax.vjp(functools.partial(_plain_rms_norm, eps=eps, dtype=dtype), x, scale)
+  return (*plain_vjp(g), jnp.zeros_like(sum_squares))
+
+
+_rms_norm_given_sums.defvjp(_given_sums_forward, _given_sums_backward)
 
 
 def in_dtype(x, dtype, *, platforms=None) -> jax.Array:
