@@ -70,8 +70,8 @@ with grad_rules.chosen("on"):
       GAINS, batch))
 # The TPU's own combine kernels (what "auto" takes when compiling for a TPU), interpreted.
 mosaic = combine_kernel.causal_combine
-combine_kernel.causal_combine = lambda *args, backend: mosaic(
-    *args[:6], True, *args[7:], backend=backend)
+combine_kernel.causal_combine = lambda *args, **kwargs: mosaic(
+    *args[:6], True, *args[7:], **kwargs)
 with target_platform.compiling_for("tpu"):
   out["heads_tpu_combine_kernels"] = jax.tree.map(
       lambda a, b: float(jnp.max(jnp.abs(a - b))), under_mesh("fused"), under_mesh("explicit"))
