@@ -181,45 +181,60 @@ class Block(nn.Module):
     attn_resid_outside = 1.0 if fold else attn_resid
     mlp_resid_outside = 1.0 if mlp_takes_gain else mlp_resid
     if m.parallel_layers:   # Eq. (2)
-      h_BTD = norm1(x_BTD)
-      if m.norm_type != "none":
-        norm2(h_BTD)   # created, unread: see the class docstring
-      mlp_BTD = mlp_resid_outside * mlp_fn(h_BTD)
-      if fold:   # the sum too: the combine's kernels then take it in theirs (one write),
-        # the branch in the block's dtype (as on GPUs, whose gain is in W_proj; a float32 branch
-        # doubled the kernel's reads of it on a TPU, where the gain stays on the output).
-        out_BTD = attn_fn(h_BTD, addend=mlp_BTD.astype(self.dtype))
-      else:
-        out_BTD = mlp_BTD + attn_resid_outside * attn_fn(h_BTD)
-      if m.mlp_block_skip_gain == 0:
-        # Held on GPUs: the next norm's backward then reads the block's output, not both
-        # branches again (-0.19 ms for SAS-P on an H200 at the paper shape; TPUs unmeasured).
-        return layers.in_dtype(out_BTD, self.dtype, platforms=("gpu",))
-      out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD   # never trainable in this form
-      return layers.in_dtype(out_BTD, self.dtype)
+      return self._parallel(x_BTD, norm1, norm2, attn_fn, mlp_fn, fold,
+                            attn_resid_outside, mlp_resid_outside)
+    # Where the attention's output is the combine kernels' own (fold and the kernels) and
+    # norm2 reads it (no attention skip, the norm before the MLP): SAS.
+    kernels_feed_norm2 = (fold and combine_kernels and m.attn_block_skip_gain == 0
+                          and m.norm_position == "pre")
+    return self._sequential(x_BTD, norm1, norm2, attn_fn, mlp_fn, block_gain,
+                            attn_resid_outside, mlp_resid_outside, kernels_feed_norm2,
+                            lambda h: attn(h, anchors, with_sum_squares=True,
+                                           out_gain=attn_resid))
 
-    # Sequential, Eq. (1), with the norm placed per norm_position; a zero skip is omitted.
+  @nn.nowrap
+  def _parallel(self, x_BTD, norm1, norm2, attn_fn, mlp_fn, fold, attn_resid, mlp_resid):
+    """Eq. (2): x + attn(norm1(x)) + mlp(norm1(x)), the gains outside the branches given."""
+    m = self.cfg
+    h_BTD = norm1(x_BTD)
+    if m.norm_type != "none":
+      norm2(h_BTD)   # created, unread: see the class docstring
+    mlp_BTD = mlp_resid * mlp_fn(h_BTD)
+    if fold:   # the sum too: the combine's kernels then take it in theirs (one write),
+      # the branch in the block's dtype (as on GPUs, whose gain is in W_proj; a float32 branch
+      # doubled the kernel's reads of it on a TPU, where the gain stays on the output).
+      out_BTD = attn_fn(h_BTD, addend=mlp_BTD.astype(self.dtype))
+    else:
+      out_BTD = mlp_BTD + attn_resid * attn_fn(h_BTD)
+    if m.mlp_block_skip_gain == 0:
+      # Held on GPUs: the next norm's backward then reads the block's output, not both
+      # branches again (-0.19 ms for SAS-P on an H200 at the paper shape; TPUs unmeasured).
+      return layers.in_dtype(out_BTD, self.dtype, platforms=("gpu",))
+    out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD   # never trainable in this form
+    return layers.in_dtype(out_BTD, self.dtype)
+
+  @nn.nowrap
+  def _sequential(self, x_BTD, norm1, norm2, attn_fn, mlp_fn, block_gain, attn_resid,
+                  mlp_resid, kernels_feed_norm2, attn_with_sums_fn):
+    """Eq. (1), with the norm placed per norm_position; a zero skip is omitted."""
+    m = self.cfg
     assert m.norm_position in ("pre", "post"), m.norm_position
-    # A trainable MLP skip gain whose input is the combine kernels' output itself (SAS: no
-    # attention skip, the identity projection) takes the `skip` rule: its gradient's sums
-    # then join those of norm2's weight gradient (-0.19 ms for SAS on an H200 at the paper
-    # shape). After a GEMM or the explicit form XLA keeps them apart (+0.19 ms there).
-    skip_rule = (fold and combine_kernels and m.attn_block_skip_gain == 0
-                 and m.norm_position == "pre" and m.trainable_mlp_block_gains)
-    # Where norm2 (an RMS norm) reads the combine kernels' output itself (SAS, as above), it
-    # takes its sums of squares from them (the `norm_stats` rule): no reduction kernel of its
-    # own then reads the whole output again.
-    norm_stats = (fold and combine_kernels and m.attn_block_skip_gain == 0
-                  and m.norm_position == "pre" and m.norm_type == "rmsnorm"
+    # A trainable MLP skip gain whose input is the combine kernels' output itself takes the
+    # `skip` rule: its gradient's sums then join those of norm2's weight gradient (-0.19 ms
+    # for SAS on an H200 at the paper shape). After a GEMM or the explicit form XLA keeps
+    # them apart (+0.19 ms there).
+    skip_rule = kernels_feed_norm2 and m.trainable_mlp_block_gains
+    # An RMS norm2 reading the kernels' output takes its sums of squares from them (the
+    # `norm_stats` rule): no reduction kernel of its own then reads the whole output again.
+    norm_stats = (kernels_feed_norm2 and m.norm_type == "rmsnorm"
                   and grad_rules.enabled("norm_stats"))
     sum_squares_BT = None   # of the attention's output, for norm2 (norm_stats)
-    for kind, norm, branch, resid in (("attn", norm1, attn_fn, attn_resid_outside),
-                                      ("mlp", norm2, mlp_fn, mlp_resid_outside)):
+    for kind, norm, branch, resid in (("attn", norm1, attn_fn, attn_resid),
+                                      ("mlp", norm2, mlp_fn, mlp_resid)):
       if m.norm_position == "post":
         x_BTD = norm(x_BTD)
       if kind == "attn" and norm_stats:   # fold: no gain, dropout or projection after it
-        x_BTD, sum_squares_BT = attn(norm(x_BTD), anchors, with_sum_squares=True,
-                                     out_gain=attn_resid)
+        x_BTD, sum_squares_BT = attn_with_sums_fn(norm(x_BTD))
         continue
       if m.norm_position == "pre":
         h_BTD = norm(x_BTD) if sum_squares_BT is None else norm(x_BTD, sum_squares_BT)
