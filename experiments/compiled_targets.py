@@ -12,7 +12,9 @@ experiments/results/compiled). Each row is one `python -m simplified_flax.compil
                 T=128, batch 128, V=50,257, bfloat16) on h200 and v5e-8, on the default path
                 (attention_impl="auto": cuDNN, splash) and the explicit T x T one; the
                 roofline ratio to Pre-LN on the same target and path (paper, Table 1: SAS
-                1.09, SAS-P 1.16, SAS-P without norms 1.20);
+                1.09, SAS-P 1.16, SAS-P without norms 1.20); and each one's bytes outside
+                matmuls by part of the step (step_breakdown.NON_MATMUL_PARTS, read from the
+                command's `--hlo_out`);
   long_context  SAS-P with 2 layers at T=16,384, batch 1, fused and explicit, on v5e-1 and
                 h200: memory per device, and the fused-to-explicit ratio;
   depth         SAS-P at 18 and 72 layers on v5e-8, model.scan_layers on and off: compile
@@ -31,12 +33,15 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments import compiled_targets_report  # pylint: disable=g-import-not-at-top
 from experiments import report_lib  # pylint: disable=g-import-not-at-top
+from experiments import step_breakdown  # pylint: disable=g-import-not-at-top
+from simplified_flax.aot import hlo_costs  # pylint: disable=g-import-not-at-top
 from simplified_flax.aot import report  # pylint: disable=g-import-not-at-top
 
 VARIANTS = ("preln", "parallel", "value_skipinit", "sas", "sas_p", "sas_p_nonorm", "op",
@@ -70,17 +75,26 @@ def source_commit() -> str | None:
 
 
 def compile_row(variant: str, target: str, overrides: Dict[str, Any],
-                made: Dict[str, Any]) -> Dict[str, Any]:
+                made: Dict[str, Any], by_part: bool = False) -> Dict[str, Any]:
   """One row: the command's JSON report, or {"fits": False, "error": <its one line>}. Each
   row is its own process, as a user runs it (a compiler that crashes costs only its row).
-  `made`: the script's command and commit, recorded on the row."""
+  `made`: the script's command and commit, recorded on the row. `by_part`: also the bytes
+  outside matmuls by part of the step ("non_matmul_parts", step_breakdown.py), read from the
+  command's `--hlo_out`."""
   argv = command(variant, target, overrides)
   row = {"variant": variant, "target": target, "overrides": overrides,
          "command": shlex.join(argv), "date": datetime.date.today().isoformat(),
          "versions": report.versions(), **made}   # a row that fails has them too
   print(row["command"], flush=True)
-  proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True,
-                        cwd=report_lib.REPO_ROOT, check=False)
+  with tempfile.TemporaryDirectory() as folder:
+    hlo_path = os.path.join(folder, "train.hlo")
+    proc = subprocess.run([sys.executable, *argv[1:], *([f"--hlo_out={hlo_path}"] * by_part)],
+                          capture_output=True, text=True, cwd=report_lib.REPO_ROOT, check=False)
+    if by_part and os.path.exists(hlo_path):
+      with open(hlo_path, encoding="utf-8") as f:
+        program = hlo_costs.parse(f.read())
+      row["non_matmul_parts"] = step_breakdown.roofline_breakdown(program, 1.0, 1.0)[
+          "non_matmul_parts"]
   if proc.stdout.strip():
     row.update(json.loads(proc.stdout))
     print(f"  {row['memory_per_device_bytes']['total'] / 2 ** 30:.2f} GiB per device, "
@@ -95,7 +109,7 @@ def compile_row(variant: str, target: str, overrides: Dict[str, Any],
 
 
 def variant_rows(shape: Dict[str, Any], names: List[str], on: List[str]) -> List[tuple]:
-  return [(variant, target, dict(shape, **{"model.attention_impl": impl}))
+  return [(variant, target, dict(shape, **{"model.attention_impl": impl}), True)
           for target in on for impl in ("auto", "explicit") for variant in names]
 
 
@@ -181,7 +195,8 @@ def main(argv=None) -> None:
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
     for name in ROWS:
       if name in chosen:
-        results[name] = list(pool.map(lambda row: compile_row(*row, made), planned[name]))
+        results[name] = list(pool.map(lambda row: compile_row(*row[:3], made, *row[3:]),
+                                      planned[name]))
   if kept:
     results = merged(kept, results)
   os.makedirs(args.output, exist_ok=True)

@@ -4,6 +4,7 @@ import re
 from typing import Any, Dict, List
 
 from experiments import report_lib
+from experiments import step_breakdown
 
 GiB = 2 ** 30
 
@@ -67,6 +68,24 @@ def _variant_lines(rows, paper) -> List[str]:
        "GiB/device (kernel)"],
       table,
       align="lll" + "r" * 9)
+
+
+def _non_matmul_lines(rows) -> List[str]:
+  """The bytes outside matmuls of each variant on the default path, by part of the step (rows
+  compiled with the split); [] where no row has it."""
+  parts = step_breakdown.NON_MATMUL_PARTS
+  table = [[r["target"], r["variant"], *[f"{r['non_matmul_parts'][p] / 1e9:.2f}" for p in parts],
+            f"{sum(r['non_matmul_parts'].values()) / 1e9:.2f}"]
+           for r in rows if _impl(r) == "auto" and r.get("non_matmul_parts")]
+  if not table:
+    return []
+  return ["### Bytes outside matmuls, by part of the step (default path, GB per device)", "",
+          "The non-matmul column above, split by the name scopes XLA keeps on each kernel: the "
+          "parts of `python experiments/benchmark.py --target=NAME --breakdown`, with its "
+          "elementwise part cut by what the kernels do (experiments/step_breakdown.py). What "
+          "each part holds, and what was tried to shrink it: optimisation_log.md.", "",
+          *report_lib.markdown_table(["target", "variant", *parts, "all"], table,
+                                     align="ll" + "r" * (len(parts) + 1))]
 
 
 def _memory_lines(rows) -> List[str]:
@@ -161,6 +180,8 @@ def markdown(results: Dict[str, Any]) -> str:
   if results.get("variants"):
     lines += ["## Decoder variants (paper shape)", "",
               *_variant_lines(results["variants"], PAPER_TABLE), ""]
+    split = _non_matmul_lines(results["variants"])
+    lines += [*split, ""] if split else []
   memory_rows = [r for k in ("long_context", "depth", "pod") for r in results.get(k, [])]
   if memory_rows:
     lines += ["## Long context, compile depth, pod", "", *_memory_lines(memory_rows), "",

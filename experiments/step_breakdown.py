@@ -18,6 +18,14 @@ scopes), and its FLOPs and bytes come from the optimized HLO (hlo_costs.py). Par
   other            anything else (random keys, copies between the parts), and the time of
                    the step's kernels that the trace ties to no HLO instruction.
 
+A compiled program's breakdown (`roofline_breakdown`) also splits the bytes outside matmuls
+(`non_matmul_parts`), with "norms + other elementwise" cut by what its kernels do (ELEMENTWISE):
+  norms            the norms' kernels, forward and backward (`*norm*` and `ln_f` scopes);
+  activation       the MLP's nonlinearity and its gradient;
+  linear operands  what the linear layers' matmuls need besides the matmul: weight casts to
+                   the compute dtype, input concatenations, split-K partial sums;
+  residual + other the residual sums and anything else at the block's own scope.
+
 time is the kernels' summed device time per step. On a GPU or TPU that is the device's op
 timeline, so the parts add up to the step less its idle gaps. On a CPU it is the duration of
 each kernel (XLA's thunks), which XLA may run concurrently on several threads: the parts can
@@ -40,6 +48,9 @@ PARTS = ("embedding", "attention core", "block matmuls", "norms + other elementw
          "head + loss", "optimizer", "other")
 ATTENTION_LINEARS = ("c_attn", "value", "proj")   # attention's own linear layers (block.py)
 UNATTRIBUTED = "(kernels of the step tied to no instruction)"
+ELEMENTWISE = ("norms", "activation", "linear operands", "residual + other")
+NON_MATMUL_PARTS = ("embedding", "attention core", *ELEMENTWISE, "head + loss", "optimizer",
+                    "other")
 
 
 def part_of(op_name: str, is_matmul: bool) -> str:
@@ -60,6 +71,23 @@ def part_of(op_name: str, is_matmul: bool) -> str:
   if "Transformer" in op_name:
     return "norms + other elementwise"
   return "other"
+
+
+def elementwise_kind(op_name: str) -> str:
+  """Which of ELEMENTWISE a kernel of "norms + other elementwise" belongs to, by its scope."""
+  if re.search(r"/(ln_f|[^/]*norm[^/]*)/", op_name):
+    return "norms"
+  if re.search(r"/(c_attn|value|proj|c_fc|c_proj|linear)/", op_name):
+    return "linear operands"
+  if "/mlp/" in op_name:
+    return "activation"
+  return "residual + other"
+
+
+def non_matmul_part(op_name: str) -> str:
+  """The part of NON_MATMUL_PARTS a kernel that is not a matmul belongs to."""
+  part = part_of(op_name, False)
+  return elementwise_kind(op_name) if part == "norms + other elementwise" else part
 
 
 def kernel_seconds(run, steps: int, program: hlo_costs.Program) -> Dict[str, float]:
@@ -139,19 +167,23 @@ def roofline_breakdown(program: hlo_costs.Program, peak_flops: float,
   """`breakdown`'s dict for a program compiled for a device this host lacks (python
   experiments/benchmark.py --target=h200 --breakdown): each part's time is its kernels'
   roofline (hlo_costs.roofline_seconds' rule: an estimate read from the program, not a
-  timing), with their FLOPs and bytes; "non_matmul_bytes" too."""
+  timing), with their FLOPs and bytes; "non_matmul_bytes" too, and "non_matmul_parts": the
+  bytes outside matmuls by NON_MATMUL_PARTS (they add up to the program's)."""
   parts = {p: {"time_s": 0.0, "flops": 0.0, "bytes": 0.0, "non_matmul_bytes": 0.0}
            for p in PARTS}
+  non_matmul = dict.fromkeys(NON_MATMUL_PARTS, 0.0)
   for kernel in program.kernels.values():
     part = parts[part_of(kernel.op_name, kernel.is_matmul)]
     part["flops"] += kernel.flops * kernel.runs
     part["bytes"] += kernel.bytes * kernel.runs
-    part["non_matmul_bytes"] += 0.0 if kernel.is_matmul else kernel.bytes * kernel.runs
+    if not kernel.is_matmul:
+      part["non_matmul_bytes"] += kernel.bytes * kernel.runs
+      non_matmul[non_matmul_part(kernel.op_name)] += kernel.bytes * kernel.runs
     part["time_s"] += hlo_costs.kernel_seconds(kernel, peak_flops, hbm_bytes_per_s) * kernel.runs
   total = sum(p["time_s"] for p in parts.values())
   for p in parts.values():
     p["share"] = p["time_s"] / total if total else None
-  return {"parts": parts, "op_time_s": total, "timed": True,
+  return {"parts": parts, "op_time_s": total, "timed": True, "non_matmul_parts": non_matmul,
           "method": "roofline per kernel (max of FLOPs / peak and bytes / HBM bandwidth) from "
                     "the optimized HLO of the program compiled for the target"}
 

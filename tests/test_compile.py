@@ -284,8 +284,14 @@ def test_the_compiled_targets_report_compares_variants_with_their_commands(tmp_p
       ("preln", "auto"), ("sas_p", "auto"), ("preln", "explicit"), ("sas_p", "explicit")]
   assert [r["attention_kernel"] for r in rows] == ["cudnn", "cudnn", "xla", "xla"]
   assert all(r["fits"] and r["versions"]["jax"] == jax.__version__ for r in rows)
+  for r in rows:   # the split by part, read from each row's --hlo_out, adds up to the JSON's
+    assert sum(r["non_matmul_parts"].values()) == pytest.approx(
+        r["non_matmul_bytes_per_device"], rel=1e-9)
+    assert "--hlo_out" not in r["command"]
   text = (tmp_path / "report.md").read_text()
   assert rows[1]["command"] in text and "x Pre-LN" in text
+  assert "### Bytes outside matmuls, by part of the step" in text
+  assert f"| h200 | sas_p | {rows[1]['non_matmul_parts']['embedding'] / 1e9:.2f} |" in text
   assert (tmp_path / "roofline_vs_preln.png").stat().st_size > 0
 
 

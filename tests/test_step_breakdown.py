@@ -35,6 +35,21 @@ def test_parts_follow_the_name_scopes(op_name, is_matmul, part):
   assert step_breakdown.part_of(op_name, is_matmul) == part
 
 
+@pytest.mark.parametrize("op_name,part", [
+    ("jit(s)/transpose(jvp(Transformer))/h_0/h_0/norm1/neg", "norms"),
+    ("jit(s)/jvp(Transformer)/h_1/attn/q_norm/mul", "norms"),
+    ("jit(s)/transpose(jvp(Transformer))/ln_f/reduce_sum", "norms"),
+    ("jit(s)/transpose(jvp(Transformer))/h_2/h_2/mlp/jvp(jit(leaky_relu))/add_any", "activation"),
+    ("jit(s)/jvp(Transformer)/h_2/h_2/mlp/c_fc/convert_element_type", "linear operands"),
+    ("jit(s)/jvp(Transformer)/h_2/h_2/attn/c_attn/concatenate", "linear operands"),
+    ("jit(s)/jvp(Transformer)/h_2/h_2/convert_element_type", "residual + other"),
+    ("jit(s)/jvp(Transformer)/h_2/attn/exp", "attention core"),
+    ("jit(s)/optimizer/add", "optimizer"),
+])
+def test_the_bytes_outside_matmuls_split_the_elementwise_part_by_what_it_does(op_name, part):
+  assert step_breakdown.non_matmul_part(op_name) == part
+
+
 def test_breakdown_of_a_profiled_tiny_step():
   D, L, V, B, T = 32, 2, 500, 2, 16
   config = benchmark.load_config("preln", {
@@ -55,6 +70,14 @@ def test_breakdown_of_a_profiled_tiny_step():
   assert result["op_time_s"] == pytest.approx(sum(p["time_s"] for p in parts.values()))
   text = step_breakdown.table("preln", result, step_time_s=0.01)
   assert "head + loss" in text and "all kernels" in text
+  # The same program's roofline split: the bytes outside matmuls by part add up to its own.
+  program = hlo_costs.parse(runner.step.as_text())
+  split = step_breakdown.roofline_breakdown(program, 1e12, 1e11)["non_matmul_parts"]
+  sums = hlo_costs.totals(program)
+  assert list(split) == list(step_breakdown.NON_MATMUL_PARTS)
+  assert sum(split.values()) == pytest.approx(sums["bytes"] - sums["matmul_bytes"])
+  for part in ("norms", "activation", "head + loss", "optimizer"):
+    assert split[part] > 0, part
 
 
 def test_a_loop_counts_once_whether_or_not_its_kernels_show():
