@@ -24,7 +24,9 @@ A compiled program's breakdown (`roofline_breakdown`) also splits the bytes outs
   activation       the MLP's nonlinearity and its gradient;
   linear operands  what the linear layers' matmuls need besides the matmul: weight casts to
                    the compute dtype, input concatenations, split-K partial sums;
-  residual + other the residual sums and anything else at the block's own scope.
+  residual + other the residual sums and anything else at the block's own scope;
+and "other" loses what its instructions say they are: copies (copies and asynchronous copies
+and slices between memories: a TPU's prefetches into VMEM and evictions) and collectives.
 
 time is the kernels' summed device time per step. On a GPU or TPU that is the device's op
 timeline, so the parts add up to the step less its idle gaps. On a CPU it is the duration of
@@ -50,7 +52,9 @@ ATTENTION_LINEARS = ("c_attn", "value", "proj")   # attention's own linear layer
 UNATTRIBUTED = "(kernels of the step tied to no instruction)"
 ELEMENTWISE = ("norms", "activation", "linear operands", "residual + other")
 NON_MATMUL_PARTS = ("embedding", "attention core", *ELEMENTWISE, "head + loss", "optimizer",
-                    "other")
+                    "copies", "collectives", "other")
+COPIES = ("copy", "copy-start", "slice-start")
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
 def part_of(op_name: str, is_matmul: bool) -> str:
@@ -84,10 +88,17 @@ def elementwise_kind(op_name: str) -> str:
   return "residual + other"
 
 
-def non_matmul_part(op_name: str) -> str:
-  """The part of NON_MATMUL_PARTS a kernel that is not a matmul belongs to."""
+def non_matmul_part(op_name: str, opcode: str = "") -> str:
+  """The part of NON_MATMUL_PARTS a kernel that is not a matmul belongs to: by its scope, else
+  (no scope of a part) by its instruction."""
   part = part_of(op_name, False)
-  return elementwise_kind(op_name) if part == "norms + other elementwise" else part
+  if part == "norms + other elementwise":
+    return elementwise_kind(op_name)
+  if part == "other" and opcode in COPIES:
+    return "copies"
+  if part == "other" and opcode.removesuffix("-start") in COLLECTIVES:
+    return "collectives"
+  return part
 
 
 def kernel_seconds(run, steps: int, program: hlo_costs.Program) -> Dict[str, float]:
@@ -178,7 +189,7 @@ def roofline_breakdown(program: hlo_costs.Program, peak_flops: float,
     part["bytes"] += kernel.bytes * kernel.runs
     if not kernel.is_matmul:
       part["non_matmul_bytes"] += kernel.bytes * kernel.runs
-      non_matmul[non_matmul_part(kernel.op_name)] += kernel.bytes * kernel.runs
+      non_matmul[non_matmul_part(kernel.op_name, kernel.opcode)] += kernel.bytes * kernel.runs
     part["time_s"] += hlo_costs.kernel_seconds(kernel, peak_flops, hbm_bytes_per_s) * kernel.runs
   total = sum(p["time_s"] for p in parts.values())
   for p in parts.values():

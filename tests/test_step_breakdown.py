@@ -50,6 +50,16 @@ def test_the_bytes_outside_matmuls_split_the_elementwise_part_by_what_it_does(op
   assert step_breakdown.non_matmul_part(op_name) == part
 
 
+@pytest.mark.parametrize("op_name,opcode,part", [
+    ("", "slice-start", "copies"), ("", "copy-start", "copies"),
+    ("jit(s)/transpose(jvp())/reduce_sum", "all-reduce", "collectives"),
+    ("", "all-gather-start", "collectives"), ("", "custom-call", "other"),
+    ("jit(s)/jvp(Transformer)/h_1/h_1/norm2/transpose", "copy", "norms"),
+])
+def test_kernels_of_no_part_are_named_by_their_instruction(op_name, opcode, part):
+  assert step_breakdown.non_matmul_part(op_name, opcode) == part
+
+
 def test_breakdown_of_a_profiled_tiny_step():
   D, L, V, B, T = 32, 2, 500, 2, 16
   config = benchmark.load_config("preln", {
