@@ -82,8 +82,10 @@ def _non_matmul_lines(rows) -> List[str]:
   return ["### Bytes outside matmuls, by part of the step (default path, GB per device)", "",
           "The non-matmul column above, split by the name scopes XLA keeps on each kernel: the "
           "parts of `python experiments/benchmark.py --target=NAME --breakdown`, with its "
-          "elementwise part cut by what the kernels do (experiments/step_breakdown.py). What "
-          "each part holds, and what was tried to shrink it: optimisation_log.md.", "",
+          "elementwise part cut by what the kernels do (experiments/step_breakdown.py). A TPU "
+          "program fuses most elementwise work into its matmuls' kernels (counted with them) and "
+          "moves weights between HBM and VMEM in copies of their own. What each part holds, and "
+          "what was tried to shrink it: optimisation_log.md.", "",
           *report_lib.markdown_table(["target", "variant", *parts, "all"], table,
                                      align="ll" + "r" * (len(parts) + 1))]
 
