@@ -214,6 +214,9 @@ def table(name: str, result: Dict[str, Any], step_time_s: float) -> str:
   widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
   text = "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                              enumerate(zip(r, widths))) for r in rows)
+  if result.get("non_matmul_parts"):
+    text += "\nGB outside matmuls: " + ", ".join(
+        f"{part} {found / 1e9:.3f}" for part, found in result["non_matmul_parts"].items() if found)
   if result["method"].startswith("roofline"):
     return (f"breakdown of {name}: roofline {1e3 * result['op_time_s']:.2f}ms per step (an "
             f"estimate read from the compiled program, not a timing)\n{text}")

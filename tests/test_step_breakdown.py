@@ -88,6 +88,8 @@ def test_breakdown_of_a_profiled_tiny_step():
   assert sum(split.values()) == pytest.approx(sums["bytes"] - sums["matmul_bytes"])
   for part in ("norms", "activation", "head + loss", "optimizer"):
     assert split[part] > 0, part
+  text = step_breakdown.table("preln", step_breakdown.roofline_breakdown(program, 1e12, 1e11), 0)
+  assert f"GB outside matmuls: embedding {split['embedding'] / 1e9:.3f}, " in text
 
 
 def test_a_loop_counts_once_whether_or_not_its_kernels_show():
