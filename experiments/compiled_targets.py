@@ -93,8 +93,7 @@ def compile_row(variant: str, target: str, overrides: Dict[str, Any],
     if by_part and os.path.exists(hlo_path):
       with open(hlo_path, encoding="utf-8") as f:
         program = hlo_costs.parse(f.read())
-      row["non_matmul_parts"] = step_breakdown.roofline_breakdown(program, 1.0, 1.0)[
-          "non_matmul_parts"]
+      row["non_matmul_parts"] = step_breakdown.non_matmul_bytes_by_part(program)
   if proc.stdout.strip():
     row.update(json.loads(proc.stdout))
     print(f"  {row['memory_per_device_bytes']['total'] / 2 ** 30:.2f} GiB per device, "
@@ -109,7 +108,7 @@ def compile_row(variant: str, target: str, overrides: Dict[str, Any],
 
 
 def variant_rows(shape: Dict[str, Any], names: List[str], on: List[str]) -> List[tuple]:
-  return [(variant, target, dict(shape, **{"model.attention_impl": impl}), True)
+  return [(variant, target, dict(shape, **{"model.attention_impl": impl}))
           for target in on for impl in ("auto", "explicit") for variant in names]
 
 
@@ -195,7 +194,8 @@ def main(argv=None) -> None:
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
     for name in ROWS:
       if name in chosen:
-        results[name] = list(pool.map(lambda row: compile_row(*row[:3], made, *row[3:]),
+        by_part = name == "variants"   # the report splits the variant rows' bytes
+        results[name] = list(pool.map(lambda row: compile_row(*row, made, by_part),
                                       planned[name]))
   if kept:
     results = merged(kept, results)

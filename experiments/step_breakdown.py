@@ -101,6 +101,16 @@ def non_matmul_part(op_name: str, opcode: str = "") -> str:
   return part
 
 
+def non_matmul_bytes_by_part(program: hlo_costs.Program) -> Dict[str, float]:
+  """The bytes per step of `program`'s kernels that are not matmuls, by NON_MATMUL_PARTS
+  (they add up to hlo_costs.totals' bytes less its matmul bytes)."""
+  found = dict.fromkeys(NON_MATMUL_PARTS, 0.0)
+  for kernel in program.kernels.values():
+    if not kernel.is_matmul:
+      found[non_matmul_part(kernel.op_name, kernel.opcode)] += kernel.bytes * kernel.runs
+  return found
+
+
 def kernel_seconds(run, steps: int, program: hlo_costs.Program) -> Dict[str, float]:
   """Device seconds per step of each kernel (HLO instruction name) of `program` while
   `run(steps)` runs under the profiler; {} when the trace has none (no device tracer)."""
@@ -178,23 +188,21 @@ def roofline_breakdown(program: hlo_costs.Program, peak_flops: float,
   """`breakdown`'s dict for a program compiled for a device this host lacks (python
   experiments/benchmark.py --target=h200 --breakdown): each part's time is its kernels'
   roofline (hlo_costs.roofline_seconds' rule: an estimate read from the program, not a
-  timing), with their FLOPs and bytes; "non_matmul_bytes" too, and "non_matmul_parts": the
-  bytes outside matmuls by NON_MATMUL_PARTS (they add up to the program's)."""
+  timing), with their FLOPs and bytes; "non_matmul_bytes" too, and "non_matmul_parts"
+  (`non_matmul_bytes_by_part`)."""
   parts = {p: {"time_s": 0.0, "flops": 0.0, "bytes": 0.0, "non_matmul_bytes": 0.0}
            for p in PARTS}
-  non_matmul = dict.fromkeys(NON_MATMUL_PARTS, 0.0)
   for kernel in program.kernels.values():
     part = parts[part_of(kernel.op_name, kernel.is_matmul)]
     part["flops"] += kernel.flops * kernel.runs
     part["bytes"] += kernel.bytes * kernel.runs
-    if not kernel.is_matmul:
-      part["non_matmul_bytes"] += kernel.bytes * kernel.runs
-      non_matmul[non_matmul_part(kernel.op_name, kernel.opcode)] += kernel.bytes * kernel.runs
+    part["non_matmul_bytes"] += 0.0 if kernel.is_matmul else kernel.bytes * kernel.runs
     part["time_s"] += hlo_costs.kernel_seconds(kernel, peak_flops, hbm_bytes_per_s) * kernel.runs
   total = sum(p["time_s"] for p in parts.values())
   for p in parts.values():
     p["share"] = p["time_s"] / total if total else None
-  return {"parts": parts, "op_time_s": total, "timed": True, "non_matmul_parts": non_matmul,
+  return {"parts": parts, "op_time_s": total, "timed": True,
+          "non_matmul_parts": non_matmul_bytes_by_part(program),
           "method": "roofline per kernel (max of FLOPs / peak and bytes / HBM bandwidth) from "
                     "the optimized HLO of the program compiled for the target"}
 
