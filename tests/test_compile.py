@@ -170,6 +170,9 @@ def test_the_json_report_has_every_key_and_consistent_figures(tpu_steps, gpu_ste
     assert summary["flops_per_device"] > 0 and summary["roofline_step_s"] > 0
     assert 0 < summary["mfu_bound"] < 1
     assert "between devices" in report.text(summary)
+    assert summary["attention_note"] is None   # both call their kernel
+    assert f"kernel {summary['attention_kernel']} (why); " in report.text(
+        dict(summary, attention_note="why"))
   tpu = report.summarize(tpu_steps, tpu_steps.config)
   gpu = report.summarize(gpu_steps, gpu_steps.config)
   # Same model and batch: a v5e chip holds a quarter of the rows, and of the FLOPs, plus the
@@ -186,6 +189,18 @@ def test_the_json_report_has_every_key_and_consistent_figures(tpu_steps, gpu_ste
   # The float32 master weights: 4 bytes a parameter, replicated on each chip.
   assert tpu["memory_per_device_bytes"]["arguments"]["params"] == \
       gpu["memory_per_device_bytes"]["arguments"]["params"]
+
+
+@pytest.mark.parametrize("platform, overrides, says", [
+    ("gpu", {"dtype": "float32"}, "cuDNN's flash attention takes bfloat16 or float16; "
+                                  "--config.dtype=bfloat16 gives it"),
+    ("gpu", {"model.attention_impl": "explicit"}, "model.attention_impl=explicit forms"),
+    ("tpu", {"model.dot_norm_type": "tanh"}, "soft-caps the logits"),
+    ("tpu", {"model.context_length": 96}, "not a multiple of splash's block (128)")])
+def test_a_program_without_an_attention_kernel_says_why(platform, overrides, says):
+  assert says in report.attention_note(_tiny(**overrides), platform, "xla")
+  assert report.attention_note(_tiny(**overrides), platform, "splash") is None
+  assert report.attention_note(_tiny(), platform, "xla") is None   # no reason it knows
 
 
 def test_choices_follow_the_platform_compiled_for_not_the_host():

@@ -24,16 +24,18 @@ import re
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from simplified_flax.aot import collectives
 from simplified_flax.aot import hlo_costs
 from simplified_flax.aot import targets
+from simplified_flax.model import attention_kernels
 
-KEYS = ("target", "devices", "hosts", "mesh", "attention_kernel", "memory_per_device_bytes",
-        "device_memory_bytes", "fits", "flops_per_device", "bytes_per_device",
-        "non_matmul_bytes_per_device", "collective_bytes_per_device", "roofline_step_s",
-        "tokens_per_s_bound", "mfu_bound", "compile_s")
+KEYS = ("target", "devices", "hosts", "mesh", "attention_kernel", "attention_note",
+        "memory_per_device_bytes", "device_memory_bytes", "fits", "flops_per_device",
+        "bytes_per_device", "non_matmul_bytes_per_device", "collective_bytes_per_device",
+        "roofline_step_s", "tokens_per_s_bound", "mfu_bound", "compile_s")
 _KERNEL_MARKS = (("splash", re.compile(r"splash_mha")),
                  ("cudnn", re.compile(r"__cudnn\$fmha")))
 
@@ -56,6 +58,27 @@ def flops_per_token(config, params) -> dict[str, int]:
 def attention_kernel(hlo_text: str) -> str:
   """"splash", "cudnn" or "xla": the fused attention kernel the program calls, if any."""
   return next((name for name, mark in _KERNEL_MARKS if mark.search(hlo_text)), "xla")
+
+
+def attention_note(config, platform: str, kernel: str) -> str | None:
+  """Why a program for an accelerator calls no fused attention kernel (`kernel` "xla"), with
+  the setting that gives it one; None where it calls one or none of these is the reason."""
+  m = config.model
+  if kernel != "xla" or platform not in ("gpu", "tpu"):
+    return None
+  if m.attention_impl == "explicit":
+    return ("model.attention_impl=explicit forms the T x T scores in XLA; 'auto' or 'fused' "
+            "takes the kernel")
+  if m.dot_norm_type == "tanh":
+    return "model.dot_norm_type=tanh soft-caps the logits, which no fused kernel takes"
+  if platform == "gpu" and jnp.dtype(config.dtype) not in map(jnp.dtype,
+                                                             attention_kernels.CUDNN_DTYPES):
+    return (f"dtype={config.dtype}: cuDNN's flash attention takes bfloat16 or float16; "
+            f"--config.dtype=bfloat16 gives it")
+  if platform == "tpu" and m.context_length % attention_kernels.SPLASH_BLOCK:
+    return (f"model.context_length={m.context_length} is not a multiple of splash's block "
+            f"({attention_kernels.SPLASH_BLOCK})")
+  return None
 
 
 def _shard_bytes(tree) -> int:
@@ -100,6 +123,7 @@ def summarize(compiled, config) -> dict[str, Any]:
   useful_flops = (flops_per_token(config, compiled.abstract_state.params)["flops_per_token"]
                   * tokens / target.num_devices)
   cost = compiled.train.cost_analysis() or {}
+  kernel = attention_kernel(hlo_text)
   return {
       "target": target.name,
       "device_kind": device.kind,
@@ -107,7 +131,8 @@ def summarize(compiled, config) -> dict[str, Any]:
       "hosts": targets.hosts_of(compiled.devices),
       "slices": target.num_slices,
       "mesh": dict(compiled.placement.mesh.shape),
-      "attention_kernel": attention_kernel(hlo_text),
+      "attention_kernel": kernel,
+      "attention_note": attention_note(config, target.platform, kernel),
       "memory_per_device_bytes": memory,
       "eval_memory_per_device_bytes": _eval_total(compiled.eval),
       "device_memory_bytes": device.memory_bytes,
@@ -151,10 +176,11 @@ def text(summary: dict) -> str:
   gib = lambda n: f"{n / 2 ** 30:.2f} GiB"
   m = summary["memory_per_device_bytes"]
   args = m["arguments"]
+  note = f" ({summary['attention_note']})" if summary.get("attention_note") else ""
   return "\n".join([
       f"{summary['target']}: {summary['devices']} x {summary['device_kind']} on "
       f"{summary['hosts']} host(s), mesh {summary['mesh']}, attention kernel "
-      f"{summary['attention_kernel']}; compiled in {summary['compile_s']:.1f} s.",
+      f"{summary['attention_kernel']}{note}; compiled in {summary['compile_s']:.1f} s.",
       f"Memory per device: {gib(m['total'])} of {gib(summary['device_memory_bytes'])} "
       f"({'fits' if summary['fits'] else 'DOES NOT FIT'}): params {gib(args['params'])}, "
       f"optimizer state {gib(args['optimizer_state'])}, batch {gib(args['batch'])}, "

@@ -23,7 +23,7 @@ Kernel = Literal["splash", "cudnn", "xla"]
 REQUESTS = ("auto", "explicit", "fused")   # the values of model.attention_impl
 KERNEL_ENV = "SIMPLIFIED_FLAX_ATTENTION_KERNEL"
 SPLASH_BLOCK = 128       # the splash kernel's tile along Tq and Tk; T must be a multiple
-_CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
+CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)   # what cuDNN's flash attention takes
 # "auto" per backend where no rule of `resolve_impl` decides: the path measured fastest there
 # (CPU: experiments/paired_settings.py at the benchmark shape; docs/attention.md, "Measured on
 # the CPU").
@@ -41,7 +41,7 @@ def resolve_impl(requested: str, *, dtype, soft_capped: bool = False,
   if soft_capped:
     return "explicit"
   if backend == "gpu":
-    return "fused" if jnp.dtype(dtype) in map(jnp.dtype, _CUDNN_DTYPES) else "explicit"
+    return "fused" if jnp.dtype(dtype) in map(jnp.dtype, CUDNN_DTYPES) else "explicit"
   return AUTO_IMPL.get(backend, "explicit")
 
 
@@ -54,7 +54,7 @@ def choose_kernel(q_BTHd, k_BTHd, *, mask, backend: str | None = None) -> Kernel
   Tq, Tk = q_BTHd.shape[1], k_BTHd.shape[1]
   if backend == "tpu" and mask is None and Tq == Tk and Tq % SPLASH_BLOCK == 0:
     return "splash"
-  if backend == "gpu" and q_BTHd.dtype in _CUDNN_DTYPES:
+  if backend == "gpu" and q_BTHd.dtype in CUDNN_DTYPES:
     return "cudnn"
   return "xla"
 
