@@ -27,6 +27,9 @@ A compiled program's breakdown (`roofline_breakdown`) also splits the bytes outs
   residual + other the residual sums and anything else at the block's own scope;
 and "other" loses what its instructions say they are: copies (copies and asynchronous copies
 and slices between memories: a TPU's prefetches into VMEM and evictions) and collectives.
+It also sets each norm's bytes against a one-pass floor (`norm_floors`): what the norm reads
+from outside read once and its result written once, the traffic of a kernel that keeps a row
+on chip; what XLA moves beyond it is what such a kernel could save.
 
 time is the kernels' summed device time per step. On a GPU or TPU that is the device's op
 timeline, so the parts add up to the step less its idle gaps. On a CPU it is the duration of
@@ -44,6 +47,7 @@ from typing import Any, Dict
 
 import jax
 
+from simplified_flax.aot import device_bytes
 from simplified_flax.aot import hlo_costs
 
 PARTS = ("embedding", "attention core", "block matmuls", "norms + other elementwise",
@@ -109,6 +113,48 @@ def non_matmul_bytes_by_part(program: hlo_costs.Program) -> Dict[str, float]:
     if not kernel.is_matmul:
       found[non_matmul_part(kernel.op_name, kernel.opcode)] += kernel.bytes * kernel.runs
   return found
+
+
+def norm_floors(program: hlo_costs.Program) -> Dict[str, Dict[str, float]]:
+  """Each norm's bytes per step against a one-pass floor, by norm and direction, summed over
+  the layers: {"norm1 forward": {"bytes": B, "floor": F}, "norm1 backward": ..., "ln_f
+  forward": ...}. The floor of one norm one way (a layer's norm1 backward, say: the "norms"
+  kernels of its scope, the backward's under `transpose(`) is every tensor its kernels read
+  from outside it, read once, and the largest array they write, written once (the normed
+  output; dx): what a kernel that keeps a row on chip would move. XLA moves more where it
+  reads x again after a row's statistics, or writes a sum of gradients for a second kernel.
+  F is never above B (a scanned loop's stacked inputs count whole, so they are capped)."""
+  def source(name: str) -> str:   # through the tuple elements and bitcasts of one result
+    inst = program.instructions.get(name)
+    while inst is not None and inst.opcode in ("get-tuple-element", "bitcast") and inst.operands:
+      name = inst.operands[0]
+      inst = program.instructions.get(name)
+    return name
+
+  instances: Dict[tuple, list] = collections.defaultdict(list)
+  for name, kernel in program.kernels.items():
+    if kernel.is_matmul or non_matmul_part(kernel.op_name, kernel.opcode) != "norms":
+      continue
+    found = re.search(r"/(ln_f|[^/]*norm[^/]*)/", kernel.op_name)
+    layer = re.findall(r"/(h_\d+)/", kernel.op_name[:found.start() + 1])
+    direction = "backward" if "transpose(" in kernel.op_name else "forward"
+    instances[(layer[-1] if layer else "", found.group(1), direction)].append(kernel)
+  floors: Dict[str, Dict[str, float]] = {}
+  order = lambda key: (key[1] == "ln_f", key[1], key[2] == "backward", key[0])
+  for (_, norm, direction), kernels in sorted(instances.items(), key=lambda kv: order(kv[0])):
+    members = {k.name for k in kernels}
+    reads = {(source(o), program.instructions[o].shape): device_bytes.device_bytes(
+                 program.instructions[o].shape)
+             for k in kernels for o in k.operands
+             if o in program.instructions and source(o) not in members}
+    written = max(device_bytes.device_bytes(a) for k in kernels
+                  for a in device_bytes.arrays(hlo_costs.result_shape(k)))
+    moved = sum(k.bytes * k.runs for k in kernels)
+    runs = max(k.runs for k in kernels)
+    row = floors.setdefault(f"{norm} {direction}", {"bytes": 0.0, "floor": 0.0})
+    row["bytes"] += moved
+    row["floor"] += min(moved, runs * (sum(reads.values()) + written))
+  return floors
 
 
 def kernel_seconds(run, steps: int, program: hlo_costs.Program) -> Dict[str, float]:
@@ -203,6 +249,7 @@ def roofline_breakdown(program: hlo_costs.Program, peak_flops: float,
     p["share"] = p["time_s"] / total if total else None
   return {"parts": parts, "op_time_s": total, "timed": True,
           "non_matmul_parts": non_matmul_bytes_by_part(program),
+          "norm_floors": norm_floors(program),
           "method": "roofline per kernel (max of FLOPs / peak and bytes / HBM bandwidth) from "
                     "the optimized HLO of the program compiled for the target"}
 
@@ -225,6 +272,12 @@ def table(name: str, result: Dict[str, Any], step_time_s: float) -> str:
   if result.get("non_matmul_parts"):
     text += "\nGB outside matmuls: " + ", ".join(
         f"{part} {found / 1e9:.3f}" for part, found in result["non_matmul_parts"].items() if found)
+  if result.get("norm_floors"):
+    floors = result["norm_floors"]
+    over = sum(f["bytes"] - f["floor"] for f in floors.values())
+    text += ("\nGB of the norms (one-pass floor): " + ", ".join(
+        f"{norm} {f['bytes'] / 1e9:.3f} ({f['floor'] / 1e9:.3f})" for norm, f in floors.items())
+             + f"; over the floor {over / 1e9:.3f}")
   if result["method"].startswith("roofline"):
     return (f"breakdown of {name}: roofline {1e3 * result['op_time_s']:.2f}ms per step (an "
             f"estimate read from the compiled program, not a timing)\n{text}")

@@ -111,3 +111,32 @@ def test_a_loop_counts_once_whether_or_not_its_kernels_show():
   seconds = step_breakdown._plane_kernel_seconds(  # pylint: disable=protected-access
       plane(event(loop, 900)), program)
   assert seconds == {step_breakdown.UNATTRIBUTED: pytest.approx(9e-7)}
+
+
+def test_a_norms_floor_is_its_input_read_once_and_its_output_written_once():
+  """A layer norm compiled on the CPU, where XLA makes several kernels of each way: the floor
+  counts what the norm reads from outside once and its largest result once, whatever the
+  kernels pass between them."""
+  N, D = 64, 256
+
+  def norm(x_ND, scale_D):
+    with jax.named_scope("Transformer"), jax.named_scope("h_0"), jax.named_scope("norm1"):
+      centred_ND = x_ND - x_ND.mean(-1, keepdims=True)
+      return scale_D * centred_ND * jax.lax.rsqrt((centred_ND ** 2).mean(-1, keepdims=True))
+
+  def objective(x_ND, scale_D, dy_ND):
+    return jnp.sum(norm(x_ND, scale_D) * dy_ND)
+
+  args = (jnp.ones((N, D)), jnp.ones(D), jnp.ones((N, D)))
+  program = hlo_costs.parse(jax.jit(jax.grad(objective, argnums=(0, 1))).lower(*args)
+                            .compile().as_text())
+  floors = step_breakdown.norm_floors(program)
+  array = 4 * N * D
+  forward, backward = floors["norm1 forward"], floors["norm1 backward"]
+  # Forward: x and the scale read, y written (and a few scalar constants).
+  assert 2 * array + 4 * D <= forward["floor"] < 2 * array + 4 * D + 64 < forward["bytes"]
+  # Backward: at least dy and what it takes from the forward read, dx written; less than XLA's.
+  assert 3 * array <= backward["floor"] < backward["bytes"]
+  text = step_breakdown.table("norm", step_breakdown.roofline_breakdown(program, 1e12, 1e11), 0)
+  over = sum(f["bytes"] - f["floor"] for f in floors.values())
+  assert f"; over the floor {over / 1e9:.3f}" in text and "(one-pass floor): norm1 forward " in text
