@@ -79,8 +79,8 @@ def compile_row(variant: str, target: str, overrides: Dict[str, Any],
   """One row: the command's JSON report, or {"fits": False, "error": <its one line>}. Each
   row is its own process, as a user runs it (a compiler that crashes costs only its row).
   `made`: the script's command and commit, recorded on the row. `by_part`: also the bytes
-  outside matmuls by part of the step ("non_matmul_parts", step_breakdown.py), read from the
-  command's `--hlo_out`."""
+  outside matmuls by part of the step ("non_matmul_parts", step_breakdown.py) and each norm's
+  bytes against a one-pass floor ("norm_floors"), read from the command's `--hlo_out`."""
   argv = command(variant, target, overrides)
   row = {"variant": variant, "target": target, "overrides": overrides,
          "command": shlex.join(argv), "date": datetime.date.today().isoformat(),
@@ -94,6 +94,7 @@ def compile_row(variant: str, target: str, overrides: Dict[str, Any],
       with open(hlo_path, encoding="utf-8") as f:
         program = hlo_costs.parse(f.read())
       row["non_matmul_parts"] = step_breakdown.non_matmul_bytes_by_part(program)
+      row["norm_floors"] = step_breakdown.norm_floors(program)
   if proc.stdout.strip():
     row.update(json.loads(proc.stdout))
     print(f"  {row['memory_per_device_bytes']['total'] / 2 ** 30:.2f} GiB per device, "

@@ -90,6 +90,28 @@ def _non_matmul_lines(rows) -> List[str]:
                                      align="ll" + "r" * (len(parts) + 1))]
 
 
+def _norm_floor_lines(rows) -> List[str]:
+  """The norms' bytes of each variant on the default path against their one-pass floor (rows
+  compiled with the split); [] where no row has norm kernels of their own."""
+  table = []
+  for r in rows:
+    floors = r.get("norm_floors") or {}
+    moved, floor = (sum(f[k] for f in floors.values()) for k in ("bytes", "floor"))
+    if _impl(r) == "auto" and moved:
+      table.append([r["target"], r["variant"], f"{moved / 1e9:.2f}", f"{floor / 1e9:.2f}",
+                    f"{(moved - floor) / 1e9:.2f}"])
+  if not table:
+    return []
+  return ["### The norms against a one-pass floor (default path, GB per device)", "",
+          "The norms' part above, and the floor of the same norms: per norm, layer and way, what "
+          "its kernels read from outside the norm read once and their result written once, the "
+          "traffic of a norm kernel that keeps a row on chip (`step_breakdown.norm_floors`; per "
+          "norm: `benchmark.py --target=NAME --breakdown`). What taking the difference away would "
+          "do to the targets: optimisation_log.md, eleventh pass.", "",
+          *report_lib.markdown_table(["target", "variant", "norms", "floor", "over"], table,
+                                     align="llrrr")]
+
+
 def _memory_lines(rows) -> List[str]:
   table = []
   for r in rows:
@@ -184,6 +206,8 @@ def markdown(results: Dict[str, Any]) -> str:
               *_variant_lines(results["variants"], PAPER_TABLE), ""]
     split = _non_matmul_lines(results["variants"])
     lines += [*split, ""] if split else []
+    floors = _norm_floor_lines(results["variants"])
+    lines += [*floors, ""] if floors else []
   memory_rows = [r for k in ("long_context", "depth", "pod") for r in results.get(k, [])]
   if memory_rows:
     lines += ["## Long context, compile depth, pod", "", *_memory_lines(memory_rows), "",

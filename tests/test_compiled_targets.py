@@ -30,6 +30,13 @@ def test_the_compiled_targets_report_compares_variants_with_their_commands(tmp_p
   assert rows[1]["command"] in text and "x Pre-LN" in text
   assert "### Bytes outside matmuls, by part of the step" in text
   assert f"| h200 | sas_p | {rows[1]['non_matmul_parts']['embedding'] / 1e9:.2f} |" in text
+  # The norms against their floor: all of the norms' part, at least the floor.
+  floors = rows[0]["norm_floors"]
+  moved, floor = (sum(f[k] for f in floors.values()) for k in ("bytes", "floor"))
+  assert moved == pytest.approx(rows[0]["non_matmul_parts"]["norms"], rel=1e-9)
+  assert 0 < floor < moved
+  assert (f"| h200 | preln | {moved / 1e9:.2f} | {floor / 1e9:.2f} | "
+          f"{(moved - floor) / 1e9:.2f} |") in text
   assert (tmp_path / "roofline_vs_preln.png").stat().st_size > 0
 
 
