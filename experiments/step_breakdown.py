@@ -58,6 +58,7 @@ ELEMENTWISE = ("norms", "activation", "linear operands", "residual + other")
 NON_MATMUL_PARTS = ("embedding", "attention core", *ELEMENTWISE, "head + loss", "optimizer",
                     "copies", "collectives", "other")
 COPIES = ("copy", "copy-start", "slice-start")
+NORM_SCOPE = re.compile(r"/(ln_f|[^/]*norm[^/]*)/")   # a norm's scope in an op_name
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
@@ -83,7 +84,7 @@ def part_of(op_name: str, is_matmul: bool) -> str:
 
 def elementwise_kind(op_name: str) -> str:
   """Which of ELEMENTWISE a kernel of "norms + other elementwise" belongs to, by its scope."""
-  if re.search(r"/(ln_f|[^/]*norm[^/]*)/", op_name):
+  if NORM_SCOPE.search(op_name):
     return "norms"
   if re.search(r"/(c_attn|value|proj|c_fc|c_proj|linear)/", op_name):
     return "linear operands"
@@ -135,7 +136,7 @@ def norm_floors(program: hlo_costs.Program) -> Dict[str, Dict[str, float]]:
   for name, kernel in program.kernels.items():
     if kernel.is_matmul or non_matmul_part(kernel.op_name, kernel.opcode) != "norms":
       continue
-    found = re.search(r"/(ln_f|[^/]*norm[^/]*)/", kernel.op_name)
+    found = NORM_SCOPE.search(kernel.op_name)
     layer = re.findall(r"/(h_\d+)/", kernel.op_name[:found.start() + 1])
     direction = "backward" if "transpose(" in kernel.op_name else "forward"
     instances[(layer[-1] if layer else "", found.group(1), direction)].append(kernel)

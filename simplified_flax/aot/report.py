@@ -24,7 +24,6 @@ import re
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from simplified_flax.aot import collectives
@@ -62,23 +61,13 @@ def attention_kernel(hlo_text: str) -> str:
 
 def attention_note(config, platform: str, kernel: str) -> str | None:
   """Why a program for an accelerator calls no fused attention kernel (`kernel` "xla"), with
-  the setting that gives it one; None where it calls one or none of these is the reason."""
+  the setting that gives it one (attention_kernels.why_no_kernel); None where it calls one."""
   m = config.model
-  if kernel != "xla" or platform not in ("gpu", "tpu"):
+  if kernel != "xla":
     return None
-  if m.attention_impl == "explicit":
-    return ("model.attention_impl=explicit forms the T x T scores in XLA; 'auto' or 'fused' "
-            "takes the kernel")
-  if m.dot_norm_type == "tanh":
-    return "model.dot_norm_type=tanh soft-caps the logits, which no fused kernel takes"
-  if platform == "gpu" and jnp.dtype(config.dtype) not in map(jnp.dtype,
-                                                             attention_kernels.CUDNN_DTYPES):
-    return (f"dtype={config.dtype}: cuDNN's flash attention takes bfloat16 or float16; "
-            f"--config.dtype=bfloat16 gives it")
-  if platform == "tpu" and m.context_length % attention_kernels.SPLASH_BLOCK:
-    return (f"model.context_length={m.context_length} is not a multiple of splash's block "
-            f"({attention_kernels.SPLASH_BLOCK})")
-  return None
+  return attention_kernels.why_no_kernel(m.attention_impl, dtype=config.dtype,
+                                         soft_capped=m.dot_norm_type == "tanh",
+                                         seq_len=m.context_length, backend=platform)
 
 
 def _shard_bytes(tree) -> int:

@@ -23,7 +23,7 @@ Kernel = Literal["splash", "cudnn", "xla"]
 REQUESTS = ("auto", "explicit", "fused")   # the values of model.attention_impl
 KERNEL_ENV = "SIMPLIFIED_FLAX_ATTENTION_KERNEL"
 SPLASH_BLOCK = 128       # the splash kernel's tile along Tq and Tk; T must be a multiple
-CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)   # what cuDNN's flash attention takes
+_CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)   # what cuDNN's flash attention takes
 # "auto" per backend where no rule of `resolve_impl` decides: the path measured fastest there
 # (CPU: experiments/paired_settings.py at the benchmark shape; docs/attention.md, "Measured on
 # the CPU").
@@ -41,8 +41,33 @@ def resolve_impl(requested: str, *, dtype, soft_capped: bool = False,
   if soft_capped:
     return "explicit"
   if backend == "gpu":
-    return "fused" if jnp.dtype(dtype) in map(jnp.dtype, CUDNN_DTYPES) else "explicit"
+    return "fused" if _cudnn_takes(dtype) else "explicit"
   return AUTO_IMPL.get(backend, "explicit")
+
+
+def _cudnn_takes(dtype) -> bool:
+  return jnp.dtype(dtype) in map(jnp.dtype, _CUDNN_DTYPES)
+
+
+def why_no_kernel(requested: str, *, dtype, soft_capped: bool, seq_len: int,
+                  backend: str) -> str | None:
+  """Why a step compiled for `backend` ("gpu", "tpu") calls no fused kernel (splash, cuDNN),
+  by the rules of `resolve_impl` and `choose_kernel`, with the setting that gives it one; None
+  where none of them is the reason."""
+  if backend not in ("gpu", "tpu"):
+    return None
+  if requested == "explicit":
+    return ("model.attention_impl=explicit forms the T x T scores in XLA; 'auto' or 'fused' "
+            "takes the kernel")
+  if soft_capped:
+    return "model.dot_norm_type=tanh soft-caps the logits, which no fused kernel takes"
+  if backend == "gpu" and not _cudnn_takes(dtype):
+    return (f"dtype={dtype}: cuDNN's flash attention takes bfloat16 or float16; "
+            f"--config.dtype=bfloat16 gives it")
+  if backend == "tpu" and seq_len % SPLASH_BLOCK:
+    return (f"model.context_length={seq_len} is not a multiple of splash's block "
+            f"({SPLASH_BLOCK})")
+  return None
 
 
 def choose_kernel(q_BTHd, k_BTHd, *, mask, backend: str | None = None) -> Kernel:
@@ -54,7 +79,7 @@ def choose_kernel(q_BTHd, k_BTHd, *, mask, backend: str | None = None) -> Kernel
   Tq, Tk = q_BTHd.shape[1], k_BTHd.shape[1]
   if backend == "tpu" and mask is None and Tq == Tk and Tq % SPLASH_BLOCK == 0:
     return "splash"
-  if backend == "gpu" and q_BTHd.dtype in CUDNN_DTYPES:
+  if backend == "gpu" and _cudnn_takes(q_BTHd.dtype):
     return "cudnn"
   return "xla"
 
