@@ -19,6 +19,7 @@ from simplified_flax.aot import targets
 from simplified_flax.model import attention_kernels
 from simplified_flax.model import block
 from simplified_flax.model import grad_rules
+from simplified_flax.model import relu_matmul_kernel
 from simplified_flax.model import target_platform
 from test_loop import REPO, subprocess_env
 
@@ -133,6 +134,24 @@ def test_a_gpu_program_makes_q_and_k_apart_where_each_device_has_the_tokens(
   assert sum(k.is_matmul for k in forward) == 2
   assert sum(k.is_matmul and k.op_name.endswith("/dot_general") for k in backward) == 2
   assert not concatenations and not [k for k in backward if k.op_name.endswith("/reduce_sum")]
+
+
+@pytest.mark.parametrize("num_gpus", [1, 8])
+def test_a_gpu_program_takes_the_relus_derivative_inside_the_mlps_gemm(gpu_steps, num_gpus):
+  """grad_rules' relu_matmul rule: each layer's dh = (g W_proj^T) * [h >= 0] is one Pallas GEMM
+  (on 8 GPUs `shard_map`ped over the batch), counted as a matmul with its FLOPs, and no other
+  kernel of the MLP's backward writes [rows, 4D] (XLA's select kernel is gone)."""
+  steps = gpu_steps if num_gpus == 1 else programs.compile_for(
+      _tiny(), targets.parse("h100", num_gpus=num_gpus))
+  kernels = hlo_costs.parse(steps.train.as_text()).kernels.values()
+  rows, F, D = TINY["batch_size"] * TINY["model.context_length"] // num_gpus, 4 * 64, 64
+  gemms = [k for k in kernels if f"/{relu_matmul_kernel.NAME}/" in k.op_name]
+  assert len(gemms) == TINY["model.n_layer"]
+  assert all(k.is_matmul and k.flops == 2 * rows * F * D for k in gemms)
+  assert all(f"bf16[{rows},{F}]" in k.shape for k in gemms)
+  backward = [k for k in kernels if "/mlp/" in k.op_name and "transpose(jvp(" in k.op_name]
+  assert not [k for k in backward
+              if not k.is_matmul and hlo_costs.shape_elements(k.shape) == rows * F]
 
 
 def test_the_combine_kernels_compile_for_a_gpu_as_triton_calls():

@@ -40,6 +40,9 @@ def test_rules_on_and_off_give_the_same_gradients(variant, impl):
   grads_off, jaxpr_off = _loss_and_jaxpr(variant, "off", impl)
   assert "custom_jvp_call" in jaxpr_on          # the rules are really used ...
   assert "custom_jvp_call" not in jaxpr_off     # ... and "off" is plain autodiff
+  # The MLP's ReLU inside its GEMM (where a block gain on the MLP stays outside W_proj, as on
+  # a CPU, the kernel is not taken: test_the_mlp_gain_in_w_proj_... puts it inside).
+  assert ("relu_matmul" in jaxpr_on or variant != "preln") and "relu_matmul" not in jaxpr_off
   assert ("pallas_call" in jaxpr_on) == (impl == "fused") and "pallas_call" not in jaxpr_off
   # SAS's norm2 takes its sums of squares from the combine kernels (the norm_stats rule).
   assert ("_rms_norm_given_sums" in jaxpr_on) == (variant == "sas")
@@ -56,8 +59,9 @@ def test_the_mlp_gain_in_w_proj_gives_the_same_gradients(variant, mode, impl, mo
   monkeypatch.setattr(layers, "GAIN_IN_KERNEL_PLATFORMS", ())
   outside, _ = _loss_and_jaxpr(variant, mode, impl)
   monkeypatch.setattr(layers, "GAIN_IN_KERNEL_PLATFORMS", (target_platform.current(),))
-  inside, _ = _loss_and_jaxpr(variant, mode, impl)
+  inside, inside_jaxpr = _loss_and_jaxpr(variant, mode, impl)
   gain_grads = [g["mlp_block_resid_gain"] for name, g in inside.items() if name.startswith("h_")]
+  assert ("relu_matmul" in inside_jaxpr) == (mode == "on")   # the gain inside the ReLU's GEMM
   assert gain_grads and all(float(g) != 0.0 for g in gain_grads)   # trainable, and learning
   for got, want in zip(jax.tree.leaves(inside), jax.tree.leaves(outside)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

@@ -8,6 +8,7 @@ from test_loop import REPO
 
 sys.path.insert(0, str(REPO))
 from simplified_flax.aot import hlo_costs
+from simplified_flax.model import relu_matmul_kernel
 
 
 def test_hlo_costs_count_matmuls_and_loop_trips():
@@ -39,6 +40,28 @@ ENTRY %main (x: bf16[64,32], w: bf16[32,16]) -> bf16[64,16] {
   assert gemm.is_matmul
   assert gemm.flops == 2 * 64 * 16 * 32
   assert gemm.bytes == 2 * (64 * 32 + 32 * 16 + 64 * 16)
+
+
+def test_hlo_costs_count_a_pallas_gemm_by_its_name_scope_and_no_other_triton_call():
+  """A Triton call carries no cost: the project's Pallas GEMMs (scope `pallas_gemm...`: [M, K]
+  input first, [M, N] result) count 2 M N K FLOPs as matmuls; any other counts its bytes."""
+  call = ('%{name} = bf16[64,48]{{1,0}} custom-call(%g, %w, %h), custom_call_target='
+          '"__gpu$xla.gpu.triton", metadata={{op_name="jit(f)/mlp/c_proj/{scope}/pallas_call"}}')
+  hlo = f"""HloModule jit_f, entry_computation_layout={{(bf16[64,32]{{1,0}}, bf16[48,32]{{1,0}}, bf16[64,48]{{1,0}})->(bf16[64,48]{{1,0}}, bf16[64,48]{{1,0}})}}
+
+ENTRY %main (g: bf16[64,32], w: bf16[48,32], h: bf16[64,48]) -> (bf16[64,48], bf16[64,48]) {{
+  %g = bf16[64,32]{{1,0}} parameter(0)
+  %w = bf16[48,32]{{1,0}} parameter(1)
+  %h = bf16[64,48]{{1,0}} parameter(2)
+  {call.format(name="gemm", scope=relu_matmul_kernel.NAME)}
+  {call.format(name="other", scope="combine")}
+  ROOT %out = (bf16[64,48]{{1,0}}, bf16[64,48]{{1,0}}) tuple(%gemm, %other)
+}}
+"""
+  kernels = hlo_costs.parse(hlo).kernels
+  assert kernels["gemm"].is_matmul and kernels["gemm"].flops == 2 * 64 * 48 * 32
+  assert not kernels["other"].is_matmul and kernels["other"].flops == 0
+  assert kernels["gemm"].bytes == kernels["other"].bytes == 2 * (64 * 32 + 48 * 32 + 2 * 64 * 48)
 
 
 def test_hlo_costs_count_an_in_place_update_as_its_slice():

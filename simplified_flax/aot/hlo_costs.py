@@ -28,6 +28,10 @@ Counting rules (XLA's own cost-analysis conventions, applied per instruction):
     only the first element is its result, for FLOPs and bytes alike; the workspace is scratch
     the library may leave untouched, and counting it as result elements would inflate a
     weight-gradient GEMM's FLOPs several times over.
+  * A Pallas GEMM (a custom call under a name scope starting `pallas_gemm`, e.g.
+    `model.relu_matmul_kernel`'s) is a matmul: its first operand is the [M, K] input and its
+    result [M, N], so 2 * M * N * K FLOPs. A Triton call carries no cost of its own; any
+    other Pallas kernel counts none.
   * An in-place update (a `dynamic-update-slice` or a `scatter`, or a fusion whose root is
     one, e.g. a scan writing one step's slice of its stacked output, or an embedding's
     gradient scatter-added into its table) writes into its operand's buffer: it reads and
@@ -61,6 +65,7 @@ NO_FLOPS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "b
             "collective-permute", "all-to-all", "reduce-scatter", "custom-call", "fusion",
             "while", "call", "conditional", "sort", "rng-bit-generator", "optimization-barrier"}
 GEMM_TARGETS = ("gemm", "matmul", "cublas")
+PALLAS_GEMM_SCOPE = "/pallas_gemm"   # the name scope of the project's Pallas GEMM kernels
 _SHAPE = device_bytes.ARRAY   # one array of a shape text: dtype, dims, layout
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([^\s=]+)\s*=\s*(.*)$")
 
@@ -177,6 +182,10 @@ def _is_gemm(inst: Instruction) -> bool:
       key in target.group(1).lower() for key in GEMM_TARGETS)
 
 
+def _is_pallas_gemm(inst: Instruction) -> bool:
+  return inst.opcode == "custom-call" and PALLAS_GEMM_SCOPE in inst.op_name
+
+
 def result_shape(inst: Instruction) -> str:
   """The shape of what `inst` produces: a GEMM custom call's first tuple element (its
   workspace left out), else the whole shape."""
@@ -189,6 +198,9 @@ def result_shape(inst: Instruction) -> str:
 def _flops(inst: Instruction, shapes, computations, called) -> float:
   if inst.opcode in ("dot", "convolution") or _is_gemm(inst):
     return 2.0 * shape_elements(result_shape(inst)) * _contracted(inst, shapes)
+  if _is_pallas_gemm(inst):
+    lhs = _dims(shapes.get(inst.operands[0], "")) if inst.operands else []
+    return 2.0 * shape_elements(inst.shape) * (lhs[-1] if lhs else 0)
   if inst.opcode == "fusion":
     return sum(_flops(i, shapes, computations, called) for c in called.get(inst.name, ())
                for i in computations.get(c, ()))
@@ -198,7 +210,7 @@ def _flops(inst: Instruction, shapes, computations, called) -> float:
 
 
 def _has_matmul(inst: Instruction, computations, called) -> bool:
-  if inst.opcode in ("dot", "convolution") or _is_gemm(inst):
+  if inst.opcode in ("dot", "convolution") or _is_gemm(inst) or _is_pallas_gemm(inst):
     return True
   return inst.opcode == "fusion" and any(
       _has_matmul(i, computations, called) for c in called.get(inst.name, ())

@@ -53,6 +53,13 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          for SAS on an H200 at the paper's shape). The norm's gradient is the plain norm's
          (`layers.rms_norm`): its backward takes the sums from x again, in the reduction over
          x and g that it makes anyway (float32 round-off: the sums are associated otherwise).
+  relu_matmul (GPU) the MLP's zero-slope ReLU and c_proj as `relu(h) @ W`, whose backward
+         takes leaky_relu's derivative inside the GEMM that makes the input's gradient
+         (`relu_matmul_kernel.py`: `dh = (g W^T) * [h >= 0]`, one Pallas kernel), where
+         XLA:GPU writes `g W^T` [B, T, 4D] and reads it back with h in a kernel of its own
+         (-5.4 GB and -1.13 ms a step in every variant at the paper's shape on an H200;
+         float32 round-off of the sum's order). `layers.fuses_relu` decides (bfloat16 on a
+         GPU, the gain inside W, no fake quantisation, shapes the tiles divide).
   out_gain (TPU) a trainable scalar gain on a linear layer's output, `gain * (x @ W)` (the
          MLP's block gain where it stays out of W_proj), with the gain's gradient taken as
          sum(x * (g W^T)) from the layer's input and the input-gradient product the backward
@@ -80,7 +87,7 @@ MODES = ("auto", "on", "off")
 # Where "auto" applies each rule.
 AUTO_PLATFORM = {"dense": ("cpu",), "gains": ("cpu",), "relu": ("gpu",), "split": ("gpu",),
                  "combine": ("gpu", "tpu"), "skip": ("gpu",), "out_gain": ("tpu",),
-                 "norm_stats": ("gpu",)}
+                 "norm_stats": ("gpu",), "relu_matmul": ("gpu",)}
 _MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
 
 

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 from simplified_flax.model import attention_kernels
 from simplified_flax.model import grad_rules
 from simplified_flax.model import quantize
+from simplified_flax.model import relu_matmul_kernel
 from simplified_flax.model import target_platform
 
 NORM_TYPES = ("ln", "rmsnorm", "none")
@@ -270,9 +271,16 @@ class GainDense(nn.Module):
   kernel_init: Callable = normal_init(PLAIN_STD)
 
   @nn.compact
-  def __call__(self, x_ND, gain=None):
+  def __call__(self, x_ND, gain=None, relu_input: bool = False):
+    """`relu_input`: x is the pre-activation, the product `relu(x) @ kernel` taken by
+    `relu_matmul_kernel.relu_matmul` (the caller checks `fuses_relu`)."""
     kernel_DF = self.param("kernel", self.kernel_init, (x_ND.shape[-1], self.features),
                            jnp.float32)
+    if relu_input:
+      if gain is not None:
+        kernel_DF = gain * kernel_DF
+      return relu_matmul_kernel.relu_matmul(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype),
+                                            target_platform.current() != "gpu")
     if gain is not None and not gain_in_kernel():
       return grad_rules.gained_matmul(
           gain, *quantize.operands(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype)))
@@ -307,6 +315,21 @@ class MLP(nn.Module):
       h_BTF = jax.nn.gelu(h_BTF, approximate=False)
     else:
       assert m.activation == "leaky_relu", m.activation
+      if fuses_relu(h_BTF, D, m.lrelu_neg_slope, out_gain):
+        return GainDense(D, self.dtype, kernel_init("normal", m.mlp_proj_init_std),
+                         name="c_proj")(h_BTF, out_gain, relu_input=True)
       h_BTF = grad_rules.leaky_relu(h_BTF, m.lrelu_neg_slope)   # fusable at slope 0
     return GainDense(D, self.dtype, kernel_init("normal", m.mlp_proj_init_std),
                      name="c_proj")(h_BTF, out_gain)
+
+
+def fuses_relu(h_BTF, features: int, negative_slope: float, out_gain) -> bool:
+  """Whether the MLP's ReLU and c_proj run as `relu_matmul_kernel.relu_matmul` (the
+  `relu_matmul` rule): slope 0, the gain (if any) inside the kernel, no fake quantisation
+  (which rounds the activation itself), and shapes the kernel takes."""
+  if not (negative_slope == 0 and grad_rules.enabled("relu_matmul")
+          and (out_gain is None or gain_in_kernel()) and not quantize.is_applied()):
+    return False
+  kernel_FD = jax.ShapeDtypeStruct((h_BTF.shape[-1], features), h_BTF.dtype)
+  return relu_matmul_kernel.supported(h_BTF, kernel_FD,
+                                      interpret=target_platform.current() != "gpu")

@@ -55,6 +55,13 @@ def operands(x, kernel_DF):
   return x, kernel_DF
 
 
+def is_applied() -> bool:
+  """Whether the context fake-quantises anything (a layer must then take its operands from
+  `operands`)."""
+  weights, activations, _ = _ACTIVE.get()
+  return weights or activations
+
+
 @contextlib.contextmanager
 def applied(scheme: str | None, bits: int = 8):
   """Within the context, models apply (and trace) with `scheme`; "none" changes nothing."""

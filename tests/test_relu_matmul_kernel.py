@@ -1,0 +1,85 @@
+"""The MLP's ReLU derivative inside its input-gradient GEMM (`model/relu_matmul_kernel.py`; the
+`relu_matmul` rule of `model.grad_rules`), run in interpret mode on the CPU: the value and both
+gradients are autodiff's of `leaky_relu(h, 0) @ W`, to float32 round-off of the sum's order."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from simplified_flax.model import grad_rules
+from simplified_flax.model import layers
+from simplified_flax.model import quantize
+from simplified_flax.model import relu_matmul_kernel
+from simplified_flax.model import target_platform
+
+
+def _inputs(dtype, B=2, T=96, F=192, D=96):
+  """Shapes whose tiles (64 rows, 64 features, 32 of the width) leave a grid of 3 x 3 programs,
+  each summing over 3 steps; a quarter of h exactly 0, where the gradient passes."""
+  keys = jax.random.split(jax.random.key(0), 3)
+  h_BTF = jax.random.normal(keys[0], (B, T, F))
+  h_BTF = jnp.where(jnp.arange(F) % 4 == 0, 0.0, h_BTF).astype(dtype)
+  kernel_FD = (0.1 * jax.random.normal(keys[1], (F, D))).astype(dtype)
+  g_BTD = jax.random.normal(keys[2], (B, T, D)).astype(dtype)
+  return h_BTF, kernel_FD, g_BTD
+
+
+@pytest.mark.parametrize("dtype,rtol,atol", [(jnp.float32, 1e-5, 1e-5),
+                                             (jnp.bfloat16, 1e-2, 1e-2)])
+def test_the_kernel_gives_autodiffs_value_and_gradients(dtype, rtol, atol):
+  h_BTF, kernel_FD, g_BTD = _inputs(dtype)
+  assert relu_matmul_kernel.tiles(2 * 96, 192, 96) == (64, 64, 32)
+  plain = lambda h, w: jnp.dot(jax.nn.leaky_relu(h, 0.0), w)
+  want, want_vjp = jax.vjp(plain, h_BTF, kernel_FD)
+  got, got_vjp = jax.vjp(lambda h, w: relu_matmul_kernel.relu_matmul(h, w, True),
+                         h_BTF, kernel_FD)
+  np.testing.assert_array_equal(got, want)   # the forward is the same product
+  (dh_got, dw_got), (dh_want, dw_want) = got_vjp(g_BTD), want_vjp(g_BTD)
+  assert dh_got.dtype == dtype and dw_got.dtype == dtype
+  f32 = lambda x: np.asarray(x, np.float32)
+  np.testing.assert_allclose(f32(dh_got), f32(dh_want), rtol=rtol, atol=atol)
+  np.testing.assert_allclose(f32(dw_got), f32(dw_want), rtol=rtol, atol=atol)
+  # Masked exactly where h < 0; at h = 0 the gradient passes (leaky_relu's derivative is 1).
+  assert np.all(f32(dh_got)[f32(h_BTF) < 0] == 0)
+  zeros = f32(h_BTF) == 0
+  np.testing.assert_allclose(f32(dh_got)[zeros], f32(jnp.dot(g_BTD, kernel_FD.T))[zeros],
+                             rtol=rtol, atol=atol)
+
+
+def test_the_kernel_takes_shapes_its_tiles_divide_and_on_a_gpu_half_precision():
+  spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+  supported = lambda h, w, interpret=False: relu_matmul_kernel.supported(h, w,
+                                                                          interpret=interpret)
+  assert supported(spec(128, 128, 3072), spec(3072, 768))     # the paper's shape
+  assert relu_matmul_kernel.tiles(128 * 128, 3072, 768) == (128, 128, 64)
+  assert not supported(spec(1, 24, 64), spec(64, 32))         # 24 rows: no tile of 16 up
+  assert not supported(spec(2, 16, 72), spec(72, 32))         # 4D = 72
+  assert not supported(spec(2, 16, 64), spec(64, 40))         # D = 40
+  assert not supported(spec(2, 16, 64, dtype=jnp.float32), spec(64, 32, dtype=jnp.float32))
+  assert supported(spec(2, 16, 64, dtype=jnp.float32), spec(64, 32, dtype=jnp.float32),
+                   interpret=True)
+  assert not supported(spec(32, 64), spec(64, 32))            # rows not [B, T]
+
+
+def _mlp_grad_jaxpr(mode: str, **model_overrides) -> str:
+  """The jaxpr of the MLP's gradient, traced under the rules' `mode` (as `Transformer` does)."""
+  config = tiny_config("preln", **model_overrides)
+  mlp = layers.MLP(config.model)
+  x_BTD = jnp.ones((2, 16, config.model.n_embd))
+  variables = mlp.init(jax.random.key(0), x_BTD)
+  with grad_rules.chosen(mode):
+    return str(jax.make_jaxpr(jax.grad(lambda v: mlp.apply(v, x_BTD).sum()))(variables))
+
+
+def test_the_mlp_takes_the_kernel_only_under_the_rule_at_slope_0_without_quantisation():
+  assert relu_matmul_kernel.NAME in _mlp_grad_jaxpr("on")
+  assert relu_matmul_kernel.NAME not in _mlp_grad_jaxpr("off")
+  assert relu_matmul_kernel.NAME not in _mlp_grad_jaxpr("on", lrelu_neg_slope=0.1)
+  with quantize.applied("a8"):
+    assert relu_matmul_kernel.NAME not in _mlp_grad_jaxpr("on")
+  with grad_rules.chosen("auto"), target_platform.compiling_for("gpu"):
+    assert grad_rules.enabled("relu_matmul")
+  for platform in ("cpu", "tpu"):
+    with grad_rules.chosen("auto"), target_platform.compiling_for(platform):
+      assert not grad_rules.enabled("relu_matmul")
