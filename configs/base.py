@@ -45,7 +45,8 @@ def model_config() -> ml_collections.ConfigDict:
   m.lrelu_neg_slope = 0.0            # 0 makes leaky ReLU a ReLU (the paper's default)
   m.attention_impl = "auto"          # "auto" (the backend's fastest exact path), "explicit"
                                      # (T x T centering matrix) or "fused" (O(T x D) terms)
-  m.grad_rules = "auto"              # speed-only gradient rules: auto (where each helps), on, off
+  m.grad_rules = "auto"              # speed-only gradient rules: auto (where each helps), on,
+                                     # off; "auto,-RULE" leaves RULE out (model/grad_rules.py)
   m.scan_layers = False              # one nn.scan over the layers that share their structure
   m.remat = False                    # recompute each block's activations in the backward pass
   m.scan_residuals = "matmuls"       # scanned, no remat: keep matmul/kernel outputs, or "all"

@@ -18,8 +18,10 @@ Parts, each written to `<output>/results.json`, `report.md` and PNGs:
      (paper, Table 1: 1.09, 1.16, 1.20), all on the default attention path
      (model.attention_impl="auto"); plus, paired with them, Pre-LN and SAS-P on the explicit
      path (the T x T form, the default before "auto"), Pre-LN scoring the full float32 logits
-     (model.loss_vocab_chunk_size=0, the loss before chunking) and Pre-LN with its head
-     padded to a multiple of 128.
+     (model.loss_vocab_chunk_size=0, the loss before chunking), Pre-LN with its head
+     padded to a multiple of 128, and Pre-LN without the relu_matmul rule
+     (model.grad_rules="auto,-relu_matmul": the Triton GEMM that takes the ReLU's derivative
+     against cuBLAS's GEMM and XLA's kernel for it).
   c. long context: explicit vs fused SAS-P (2 layers, D=768, batch 1) at T=4,096 and 16,384:
      XLA's step memory and step time, or "out of memory".
   d. training: Pre-LN, SAS and SAS-P at 18 layers x 768 for 2,000 steps of 128 x 128 byte
@@ -132,7 +134,9 @@ def throughput_configs(overrides: dict) -> dict:
   alternatives = {"preln/explicit": ("preln", {"model.attention_impl": "explicit"}),
                   "sas_p/explicit": ("sas_p", {"model.attention_impl": "explicit"}),
                   "preln/full_logits_loss": ("preln", {"model.loss_vocab_chunk_size": 0}),
-                  "preln/vocab_pad_128": ("preln", {"model.vocab_pad_multiple": 128})}
+                  "preln/vocab_pad_128": ("preln", {"model.vocab_pad_multiple": 128}),
+                  # The MLP's ReLU derivative in XLA's own kernel, not in a Triton GEMM (GPU).
+                  "preln/no_relu_matmul": ("preln", {"model.grad_rules": "auto,-relu_matmul"})}
   for name, (variant, change) in alternatives.items():
     named[name] = configs.load(variant, dict(overrides, **change))
   return named

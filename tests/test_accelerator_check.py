@@ -27,7 +27,7 @@ def test_tiny_check_parts_a_b_e_equalities_throughput_breakdown(tmp_path):
   assert all(row["ok"] for row in results["equalities"])
   assert {"preln", "sas", "sas_p", "sas_p_nonorm", "preln/explicit", "sas_p/explicit",
           "preln/full_logits_loss",
-          "preln/vocab_pad_128"} <= set(results["throughput"])
+          "preln/vocab_pad_128", "preln/no_relu_matmul"} <= set(results["throughput"])
   assert set(results["breakdown"]) == {"preln", "sas_p"}
   assert all(r["parts"]["block matmuls"]["flops"] > 0 for r in results["breakdown"].values())
   report = (out / "report.md").read_text()

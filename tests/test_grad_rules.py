@@ -76,6 +76,18 @@ def test_the_mode_is_chosen_by_context_and_a_bad_mode_is_refused():
     assert grad_rules.enabled()
   with pytest.raises(config_checks.ConfigError, match=r"model.grad_rules='fast' is unknown"):
     config_checks.validate_model_config(tiny_config("preln", grad_rules="fast").model)
+  for bad in ("auto,-fast", "auto,relu", "off,-relu"):
+    with pytest.raises(config_checks.ConfigError, match=r"',-RULE' after 'auto' or 'on'"):
+      config_checks.validate_model_config(tiny_config("preln", grad_rules=bad).model)
+
+
+def test_a_mode_leaves_out_the_rules_it_names():
+  with grad_rules.chosen("auto,-relu_matmul, -split"), target_platform.compiling_for("gpu"):
+    assert grad_rules.enabled("relu") and grad_rules.enabled("combine")
+    assert not grad_rules.enabled("relu_matmul") and not grad_rules.enabled("split")
+  with grad_rules.chosen("on,-dense"):
+    assert not grad_rules.enabled("dense") and grad_rules.enabled("out_gain")
+  config_checks.validate_model_config(tiny_config("preln", grad_rules="auto,-relu").model)
 
 
 def test_the_gain_rule_takes_any_number_of_terms():

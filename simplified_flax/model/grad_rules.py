@@ -70,7 +70,9 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
 
 The mode is chosen once: "auto" applies each rule on the platform named above, where it was
 measured to help (the platform the step is compiled for); "on" applies all; "off" none
-(plain autodiff). `Transformer` traces its body inside `chosen(model.grad_rules)`, and
+(plain autodiff). "auto" or "on" may name rules to leave out, each after a comma and a minus,
+e.g. "auto,-relu_matmul": the rest as the mode says, those never (to measure one rule on a
+device, or to drop one that does not pay there). `Transformer` traces its body inside `chosen(model.grad_rules)`, and
 `matmul`, the MLP, the attention and its q/k projection read it at trace time (so under jit, scan
 and remat alike).
 """
@@ -88,7 +90,7 @@ MODES = ("auto", "on", "off")
 AUTO_PLATFORM = {"dense": ("cpu",), "gains": ("cpu",), "relu": ("gpu",), "split": ("gpu",),
                  "combine": ("gpu", "tpu"), "skip": ("gpu",), "out_gain": ("tpu",),
                  "norm_stats": ("gpu",), "relu_matmul": ("gpu",)}
-_MODE = contextvars.ContextVar("grad_rules_mode", default="auto")
+_MODE = contextvars.ContextVar("grad_rules_mode", default=("auto", frozenset()))
 
 
 def mode_of(model_config) -> str:
@@ -96,10 +98,26 @@ def mode_of(model_config) -> str:
   return model_config.get("grad_rules", "auto")
 
 
+def parse(mode: str) -> tuple[str, frozenset]:
+  """("auto" | "on" | "off", the rules left out) of a mode such as "auto,-relu_matmul"; a
+  ValueError names what is wrong and what is allowed."""
+  base, *rest = str(mode).split(",")
+  if base not in MODES:
+    raise ValueError(f"model.grad_rules={mode!r} is unknown: use one of {list(MODES)}, 'auto' "
+                     f"and 'on' optionally followed by ',-RULE' for each rule to leave out.")
+  left_out = [name.strip()[1:] for name in rest]
+  unknown = [name for name, item in zip(left_out, rest) if not item.strip().startswith("-")
+             or name not in AUTO_PLATFORM]
+  if unknown or (left_out and base == "off"):
+    raise ValueError(f"model.grad_rules={mode!r}: rules are left out as ',-RULE' after 'auto' "
+                     f"or 'on', RULE one of {sorted(AUTO_PLATFORM)}.")
+  return base, frozenset(left_out)
+
+
 @contextlib.contextmanager
 def chosen(mode: str):
-  """Within the context, models trace with the rules under `mode`."""
-  token = _MODE.set(mode)
+  """Within the context, models trace with the rules under `mode` (`parse`)."""
+  token = _MODE.set(parse(mode))
   try:
     yield
   finally:
@@ -109,7 +127,9 @@ def chosen(mode: str):
 def enabled(rule: str = "dense") -> bool:
   """Whether `rule` (a key of AUTO_PLATFORM) applies under the chosen mode on the platform the
   step is compiled for."""
-  mode = _MODE.get()
+  mode, left_out = _MODE.get()
+  if rule in left_out:
+    return False
   return mode == "on" or (mode == "auto" and target_platform.current() in AUTO_PLATFORM[rule])
 
 

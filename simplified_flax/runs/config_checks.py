@@ -87,7 +87,10 @@ def validate_model_config(m, require_vocab: bool = True) -> None:
                         ("attention_impl", attention_kernels.REQUESTS),
                         ("tie_valproj_init", valproj.TIE_MODES)):
     one_of(m[name], allowed, f"model.{name}")
-  one_of(grad_rules.mode_of(m), grad_rules.MODES, "model.grad_rules")
+  try:
+    grad_rules.parse(grad_rules.mode_of(m))
+  except ValueError as error:
+    raise ConfigError(str(error)) from None
   for name in ("scan_layers", "remat"):
     one_of(m.get(name, False), (False, True), f"model.{name}")
   one_of(m.get("loss_keep_logits", True), (False, True), "model.loss_keep_logits")
