@@ -12,6 +12,7 @@ from conftest import tiny_config
 from simplified_flax.model import attention
 from simplified_flax.model import grad_rules
 from simplified_flax.model import layers
+from simplified_flax.model import mlp
 from simplified_flax.model import target_platform
 from simplified_flax.model import transformer
 from simplified_flax.runs import config_checks
@@ -55,10 +56,10 @@ def test_rules_on_and_off_give_the_same_gradients(variant, impl):
 @pytest.mark.parametrize("variant,mode,impl", [("sas", "off", "auto"),     # sequential
                                                ("sas_p", "on", "fused")])  # parallel, kernels
 def test_the_mlp_gain_in_w_proj_gives_the_same_gradients(variant, mode, impl, monkeypatch):
-  """layers.GAIN_IN_KERNEL_PLATFORMS (GPUs) against the gain on the MLP's output, here."""
-  monkeypatch.setattr(layers, "GAIN_IN_KERNEL_PLATFORMS", ())
+  """mlp.GAIN_IN_KERNEL_PLATFORMS (GPUs) against the gain on the MLP's output, here."""
+  monkeypatch.setattr(mlp, "GAIN_IN_KERNEL_PLATFORMS", ())
   outside, _ = _loss_and_jaxpr(variant, mode, impl)
-  monkeypatch.setattr(layers, "GAIN_IN_KERNEL_PLATFORMS", (target_platform.current(),))
+  monkeypatch.setattr(mlp, "GAIN_IN_KERNEL_PLATFORMS", (target_platform.current(),))
   inside, inside_jaxpr = _loss_and_jaxpr(variant, mode, impl)
   gain_grads = [g["mlp_block_resid_gain"] for name, g in inside.items() if name.startswith("h_")]
   assert ("relu_matmul" in inside_jaxpr) == (mode == "on")   # the gain inside the ReLU's GEMM

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import tiny_config
 from simplified_flax.model import grad_rules
-from simplified_flax.model import layers
+from simplified_flax.model import mlp
 from simplified_flax.model import quantize
 from simplified_flax.model import relu_matmul_kernel
 from simplified_flax.model import target_platform
@@ -65,11 +65,11 @@ def test_the_kernel_takes_shapes_its_tiles_divide_and_on_a_gpu_half_precision():
 def _mlp_grad_jaxpr(mode: str, **model_overrides) -> str:
   """The jaxpr of the MLP's gradient, traced under the rules' `mode` (as `Transformer` does)."""
   config = tiny_config("preln", **model_overrides)
-  mlp = layers.MLP(config.model)
+  mlp_module = mlp.MLP(config.model)
   x_BTD = jnp.ones((2, 16, config.model.n_embd))
-  variables = mlp.init(jax.random.key(0), x_BTD)
+  variables = mlp_module.init(jax.random.key(0), x_BTD)
   with grad_rules.chosen(mode):
-    return str(jax.make_jaxpr(jax.grad(lambda v: mlp.apply(v, x_BTD).sum()))(variables))
+    return str(jax.make_jaxpr(jax.grad(lambda v: mlp_module.apply(v, x_BTD).sum()))(variables))
 
 
 def test_the_mlp_takes_the_kernel_only_under_the_rule_at_slope_0_without_quantisation():

@@ -145,7 +145,12 @@ def tokens_per_device(batch: int, seq_len: int, num_heads: int) -> int:
   or under `jax.pmap`, whose traced batch is the device's own)."""
   axes = ambient_axes()[1]
   batch_axes, _ = mesh_split(axes, batch, num_heads)
-  return batch * seq_len // math.prod(size for name, size in axes if name in batch_axes)
+  return batch * seq_len // ways(axes, batch_axes)
+
+
+def ways(axes, names) -> int:
+  """Into how many parts the axes `names` of `axes` ((name, size), ...) split an array."""
+  return math.prod(size for name, size in axes if name in names)
 
 
 def _splash(q_BTHd, k_BTHd, v_BTHd, *, is_causal: bool, interpret: bool):

@@ -12,6 +12,7 @@ from simplified_flax.model import attention_kernels
 from simplified_flax.model import grad_rules
 from simplified_flax.model import kv_cache
 from simplified_flax.model import layers
+from simplified_flax.model import mlp as mlp_lib
 from simplified_flax.model import target_platform
 from simplified_flax.model import valproj
 
@@ -149,7 +150,7 @@ class Block(nn.Module):
     norm1 = layers.make_norm(norm_type, m.norm_eps, self.dtype, "norm1")
     norm2 = layers.make_norm(m.norm_type, m.norm_eps, self.dtype, "norm2")
     attn = AttentionSubBlock(m, self.layer, self.causal, self.dtype, name="attn")
-    mlp = layers.MLP(m, self.dtype, name="mlp")
+    mlp = mlp_lib.MLP(m, self.dtype, name="mlp")
     drop = nn.Dropout(m.dropout_rate, deterministic=not train)
     block_gain = lambda name, kind: layers.gain(self, name, m[name],
                                                 m[f"trainable_{kind}_block_gains"])
@@ -171,11 +172,11 @@ class Block(nn.Module):
     attn_fn = lambda h, addend=None: drop(attn(
         h, anchors, key_mask=key_mask, segment_ids=segment_ids, cache_index=cache_index,
         lengths=lengths, out_gain=attn_resid if fold else None, addend=addend))
-    # On GPUs the MLP's gain goes into W_proj (layers.GAIN_IN_KERNEL_PLATFORMS): the backward
+    # On GPUs the MLP's gain goes into W_proj (mlp.GAIN_IN_KERNEL_PLATFORMS): the backward
     # then reads the block's gradient, not a scaled copy of it, and the gain's gradient is a
     # sum over W_proj, not over the MLP's output. On TPUs, with the fused kernels, the `out_gain`
     # rule keeps a trainable gain on the output without keeping the output (grad_rules.py).
-    mlp_takes_gain = layers.gain_in_kernel() or (
+    mlp_takes_gain = mlp_lib.gain_in_kernel() or (
         m.trainable_mlp_block_gains and combine_kernels and grad_rules.enabled("out_gain"))
     mlp_fn = lambda h: drop(mlp(h, out_gain=mlp_resid if mlp_takes_gain else None))
     attn_resid_outside = 1.0 if fold else attn_resid

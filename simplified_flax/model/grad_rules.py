@@ -58,7 +58,7 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          (`relu_matmul_kernel.py`: `dh = (g W^T) * [h >= 0]`, one Pallas kernel), where
          XLA:GPU writes `g W^T` [B, T, 4D] and reads it back with h in a kernel of its own
          (-5.4 GB and -1.13 ms a step in every variant at the paper's shape on an H200;
-         float32 round-off of the sum's order). `layers.fuses_relu` decides (bfloat16 on a
+         float32 round-off of the sum's order). `mlp.fuses_relu` decides (bfloat16 on a
          GPU, the gain inside W, no fake quantisation, shapes the tiles divide).
   out_gain (TPU) a trainable scalar gain on a linear layer's output, `gain * (x @ W)` (the
          MLP's block gain where it stays out of W_proj), with the gain's gradient taken as
@@ -72,9 +72,9 @@ The mode is chosen once: "auto" applies each rule on the platform named above, w
 measured to help (the platform the step is compiled for); "on" applies all; "off" none
 (plain autodiff). "auto" or "on" may name rules to leave out, each after a comma and a minus,
 e.g. "auto,-relu_matmul": the rest as the mode says, those never (to measure one rule on a
-device, or to drop one that does not pay there). `Transformer` traces its body inside `chosen(model.grad_rules)`, and
-`matmul`, the MLP, the attention and its q/k projection read it at trace time (so under jit, scan
-and remat alike).
+device, or to drop one that does not pay there). `Transformer` traces its body inside
+`chosen(model.grad_rules)`, and `matmul`, the MLP, the attention and its q/k projection read
+it at trace time (so under jit, scan and remat alike).
 """
 import contextlib
 import contextvars
@@ -105,13 +105,13 @@ def parse(mode: str) -> tuple[str, frozenset]:
   if base not in MODES:
     raise ValueError(f"model.grad_rules={mode!r} is unknown: use one of {list(MODES)}, 'auto' "
                      f"and 'on' optionally followed by ',-RULE' for each rule to leave out.")
-  left_out = [name.strip()[1:] for name in rest]
-  unknown = [name for name, item in zip(left_out, rest) if not item.strip().startswith("-")
-             or name not in AUTO_PLATFORM]
-  if unknown or (left_out and base == "off"):
+  items = [item.strip() for item in rest]
+  left_out = frozenset(item[1:] for item in items)
+  if (rest and base == "off") or any(item[:1] != "-" for item in items) or (
+      left_out - AUTO_PLATFORM.keys()):
     raise ValueError(f"model.grad_rules={mode!r}: rules are left out as ',-RULE' after 'auto' "
                      f"or 'on', RULE one of {sorted(AUTO_PLATFORM)}.")
-  return base, frozenset(left_out)
+  return base, left_out
 
 
 @contextlib.contextmanager

@@ -1,9 +1,8 @@
-"""Parts of the block (docs/model.md): norms, gains, the linear layers and their one product, the
-MLP. A gain whose trainable flag is off is a constant, never in the parameter tree.
+"""Parts of the block (docs/model.md): norms, gains, the linear layers and their one product (the
+MLP: mlp.py). A gain whose trainable flag is off is a constant, never in the parameter tree.
 """
 import dataclasses
 import functools
-import math
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -14,7 +13,6 @@ from jax.sharding import PartitionSpec as P
 from simplified_flax.model import attention_kernels
 from simplified_flax.model import grad_rules
 from simplified_flax.model import quantize
-from simplified_flax.model import relu_matmul_kernel
 from simplified_flax.model import target_platform
 
 NORM_TYPES = ("ln", "rmsnorm", "none")
@@ -222,7 +220,7 @@ def table_copies(table_VD, batch: int) -> Optional[TableCopies]:
   batch_axes = attention_kernels.mesh_split(axes, batch, 1)[0]
   if not batch_axes:
     return None
-  n = math.prod(size for name, size in axes if name in batch_axes)
+  n = attention_kernels.ways(axes, batch_axes)
   copies_CVD = jax.lax.with_sharding_constraint(
       jnp.broadcast_to(table_VD[None], (n, *table_VD.shape)), P(batch_axes))
   return TableCopies(copies_CVD, batch_axes)
@@ -258,78 +256,3 @@ class QKDense(nn.Module):
       whole = jax.sharding.NamedSharding(mesh, P())
       kernel_DF, bias_F = (jax.lax.with_sharding_constraint(a, whole) for a in (kernel_DF, bias_F))
     return grad_rules.biased_halves(x_ND, kernel_DF, bias_F, separate=self.separate)
-
-
-class GainDense(nn.Module):
-  """`gain * (x @ kernel)`, [.., D] -> [.., F], no bias: `dense`'s layer (the same float32
-  `kernel` [D, F], computing in `dtype`) with a scalar gain, taken into its kernel where
-  `gain_in_kernel()` (GPUs: a gain on the output costs a scaled copy of the output's gradient
-  in the backward, where this costs a product over the kernel), else on its output
-  (`grad_rules.gained_matmul`: on TPUs its gradient from the input's, not the output)."""
-  features: int
-  dtype: Any = jnp.float32
-  kernel_init: Callable = normal_init(PLAIN_STD)
-
-  @nn.compact
-  def __call__(self, x_ND, gain=None, relu_input: bool = False):
-    """`relu_input`: x is the pre-activation, the product `relu(x) @ kernel` taken by
-    `relu_matmul_kernel.relu_matmul` (the caller checks `fuses_relu`)."""
-    kernel_DF = self.param("kernel", self.kernel_init, (x_ND.shape[-1], self.features),
-                           jnp.float32)
-    if relu_input:
-      if gain is not None:
-        kernel_DF = gain * kernel_DF
-      return relu_matmul_kernel.relu_matmul(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype),
-                                            target_platform.current() != "gpu")
-    if gain is not None and not gain_in_kernel():
-      return grad_rules.gained_matmul(
-          gain, *quantize.operands(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype)))
-    if gain is not None:
-      kernel_DF = gain * kernel_DF
-    return matmul(x_ND.astype(self.dtype), kernel_DF.astype(self.dtype))
-
-
-# Where a block takes its MLP gain into W_proj (`MLP`'s `out_gain`): GPUs, where XLA otherwise
-# writes a scaled copy of the block's gradient (-0.19 ms a step for SAS on an H200 at the
-# paper's shape). On a v5e-8 the same change moved 12% more bytes for SAS-P (cost_analysis
-# 28.4 -> 31.8 GB a chip), so elsewhere the block multiplies the MLP's output.
-GAIN_IN_KERNEL_PLATFORMS = ("gpu",)
-
-
-def gain_in_kernel() -> bool:
-  """Whether the block's MLP gain goes into W_proj on the platform compiled for."""
-  return target_platform.current() in GAIN_IN_KERNEL_PLATFORMS
-
-
-class MLP(nn.Module):
-  """`act(x @ W_fc) @ W_proj`, both without bias, N(0, 0.02) (W_proj: N(0, mlp_proj_init_std)),
-  F = mlp_width_mult * D; with `out_gain` (a scalar), the result times it (`GainDense`)."""
-  cfg: Any     # FrozenConfigDict: the model config
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x_BTD, out_gain=None):
-    m, D = self.cfg, x_BTD.shape[-1]
-    h_BTF = dense(m.mlp_width_mult * D, self.dtype, "c_fc")(x_BTD)
-    if m.activation == "gelu":
-      h_BTF = jax.nn.gelu(h_BTF, approximate=False)
-    else:
-      assert m.activation == "leaky_relu", m.activation
-      if fuses_relu(h_BTF, D, m.lrelu_neg_slope, out_gain):
-        return GainDense(D, self.dtype, kernel_init("normal", m.mlp_proj_init_std),
-                         name="c_proj")(h_BTF, out_gain, relu_input=True)
-      h_BTF = grad_rules.leaky_relu(h_BTF, m.lrelu_neg_slope)   # fusable at slope 0
-    return GainDense(D, self.dtype, kernel_init("normal", m.mlp_proj_init_std),
-                     name="c_proj")(h_BTF, out_gain)
-
-
-def fuses_relu(h_BTF, features: int, negative_slope: float, out_gain) -> bool:
-  """Whether the MLP's ReLU and c_proj run as `relu_matmul_kernel.relu_matmul` (the
-  `relu_matmul` rule): slope 0, the gain (if any) inside the kernel, no fake quantisation
-  (which rounds the activation itself), and shapes the kernel takes."""
-  if not (negative_slope == 0 and grad_rules.enabled("relu_matmul")
-          and (out_gain is None or gain_in_kernel()) and not quantize.is_applied()):
-    return False
-  kernel_FD = jax.ShapeDtypeStruct((h_BTF.shape[-1], features), h_BTF.dtype)
-  return relu_matmul_kernel.supported(h_BTF, kernel_FD,
-                                      interpret=target_platform.current() != "gpu")

@@ -21,7 +21,6 @@ backend (tests).
 scope, NAME: the Triton call carries no cost of its own.
 """
 import functools
-import math
 
 import jax
 from jax.experimental import pallas as pl
@@ -55,19 +54,11 @@ def supported(h_BTF, kernel_FD, *, interpret: bool) -> bool:
   if h_BTF.ndim != 3:
     return False
   B, T, F = h_BTF.shape
-  _, _, batch_axes = _batch_split(B)
-  split = math.prod(size for _, size in batch_axes)
+  _, axes = attention_kernels.ambient_axes()
+  split = attention_kernels.ways(axes, attention_kernels.mesh_split(axes, B, 1)[0])
   dtype_ok = interpret or any(h_BTF.dtype == d for d in GPU_DTYPES)
   return (dtype_ok and h_BTF.dtype == kernel_FD.dtype
           and tiles(B // split * T, F, kernel_FD.shape[1]) is not None)
-
-
-def _batch_split(batch: int):
-  """(the ambient mesh, its automatic axes, the ((name, size), ...) of those that split a batch
-  of `batch` rows): what `relu_grad_matmul` `shard_map`s over (no axes: it runs as it is)."""
-  mesh, axes = attention_kernels.ambient_axes()
-  names, _ = attention_kernels.mesh_split(axes, batch, 1)
-  return mesh, axes, tuple((name, size) for name, size in axes if name in names)
 
 
 def _kernel(g_ref, w_ref, h_ref, dh_ref, *, width_tile):
@@ -108,10 +99,10 @@ def _local(g_BTD, kernel_FD, h_BTF, *, interpret):
 def relu_grad_matmul(g_BTD, kernel_FD, h_BTF, *, interpret: bool) -> jax.Array:
   """dh [B, T, F] = (g @ kernel^T) * [h >= 0] in h's dtype, one kernel (`supported` first)."""
   local = functools.partial(_local, interpret=interpret)
-  mesh, axes, batch_axes = _batch_split(h_BTF.shape[0])
+  mesh, axes = attention_kernels.ambient_axes()
   if not axes:
     return local(g_BTD, kernel_FD, h_BTF)
-  rows = P(tuple(name for name, _ in batch_axes) or None, None, None)
+  rows = P(attention_kernels.mesh_split(axes, h_BTF.shape[0], 1)[0] or None, None, None)
   return jax.shard_map(local, mesh=mesh, in_specs=(rows, P(None, None), rows), out_specs=rows,
                        axis_names=frozenset(name for name, _ in axes),
                        check_vma=False)(g_BTD, kernel_FD, h_BTF)
