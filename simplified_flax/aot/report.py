@@ -29,7 +29,7 @@ import numpy as np
 from simplified_flax.aot import collectives
 from simplified_flax.aot import hlo_costs
 from simplified_flax.aot import targets
-from simplified_flax.model import attention_kernels
+from simplified_flax.fast import attention_kernels
 
 KEYS = ("target", "devices", "hosts", "mesh", "attention_kernel", "attention_note",
         "memory_per_device_bytes", "device_memory_bytes", "fits", "flops_per_device",

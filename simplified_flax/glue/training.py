@@ -18,7 +18,7 @@ from simplified_flax import storage
 from simplified_flax.glue import classifier
 from simplified_flax.glue import metrics
 from simplified_flax.glue import tasks
-from simplified_flax.model.transformer import build_model
+from simplified_flax.fast import build_model
 from simplified_flax.runs import config_checks
 from simplified_flax.runs import metrics_io
 from simplified_flax.runs import nonfinite

@@ -9,6 +9,7 @@ unrolled layout; `model.remat` rematerialises each block, and without it `model.
 says what the scanned backward keeps (`SCAN_RESIDUALS`). `stack_layers` / `unstack_layers`
 convert a params (or cache) tree between the layouts exactly.
 """
+import functools
 import re
 from typing import Any, Dict, Optional, Tuple
 
@@ -72,32 +73,44 @@ def layers_of(name: str) -> Optional[range]:
   return range(int(match.group(1)), int(match.group(2) or match.group(1)) + 1)
 
 
-class LayerStep(block.Block):
-  """One block as a scan step: (x, per-layer inputs) -> (x, x or None); `train` and whether
-  to emit the hidden state are attributes, since scan and remat take only arrays."""
-  train: bool = False
-  emit_hidden: bool = False
+@functools.lru_cache(maxsize=None)
+def layer_step(block_class: type) -> type:
+  """`block_class` (`block.Block` or a class with its call) as a scan step: (x, per-layer
+  inputs) -> (x, x or None); `train` and whether to emit the hidden state are attributes,
+  since scan and remat take only arrays."""
 
-  def __call__(self, x_BTD, anchors, key_mask, segment_ids, cache_index, lengths):
-    out_BTD = super().__call__(x_BTD, anchors, key_mask=key_mask, segment_ids=segment_ids,
-                               train=self.train, cache_index=cache_index, lengths=lengths)
-    return out_BTD, (out_BTD if self.emit_hidden else None)
+  class LayerStep(block_class):
+    train: bool = False
+    emit_hidden: bool = False
+
+    def __call__(self, x_BTD, anchors, key_mask, segment_ids, cache_index, lengths):
+      out_BTD = super().__call__(x_BTD, anchors, key_mask=key_mask, segment_ids=segment_ids,
+                                 train=self.train, cache_index=cache_index, lengths=lengths)
+      return out_BTD, (out_BTD if self.emit_hidden else None)
+
+  LayerStep.__name__ = LayerStep.__qualname__ = f"LayerStep[{block_class.__name__}]"
+  return LayerStep
+
+
+LayerStep = layer_step(block.Block)
 
 
 def run_blocks(parent: nn.Module, m, x_BTD, anchors: Dict[str, Any], *, causal: bool, dtype,
                key_mask, segment_ids, train: bool, cache_index, lengths):
-  """x [B, T, D] through every block, as submodules of `parent` (a compact Transformer),
-  sowing each block's output as "hidden" in `intermediates`, layer by layer, in order."""
+  """x [B, T, D] through every block, as submodules of `parent` (a compact Transformer; its
+  `block_class()` with `block_attributes()`), sowing each block's output as "hidden" in
+  `intermediates`, layer by layer, in order."""
   scanned = scanned_layers(m)
+  step_class, extra = layer_step(parent.block_class()), parent.block_attributes()
   emit = parent.is_mutable_collection("intermediates")
   # Under scan, CSE cannot undo the rematerialisation, so it need not be prevented.
   remat = m.get("remat", False)
   if remat:
-    scan_step = nn.remat(LayerStep, prevent_cse=False)
+    scan_step = nn.remat(step_class, prevent_cse=False)
   elif m.get("scan_residuals", "matmuls") == "matmuls":   # absent from configs saved before it
-    scan_step = nn.remat(LayerStep, prevent_cse=False, policy=keep_matmuls_and_kernels)
+    scan_step = nn.remat(step_class, prevent_cse=False, policy=keep_matmuls_and_kernels)
   else:
-    scan_step = LayerStep
+    scan_step = step_class
   per_layer = (key_mask, segment_ids, cache_index, lengths)
   layer = 0
   while layer < m.n_layer:
@@ -106,14 +119,14 @@ def run_blocks(parent: nn.Module, m, x_BTD, anchors: Dict[str, Any], *, causal: 
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(0,) + (nn.broadcast,) * 4, length=len(scanned))
       x_BTD, hidden_LBTD = stack(m, layer, causal, dtype, train=train, emit_hidden=emit,
-                                 name=stacked_name(scanned))(
+                                 name=stacked_name(scanned), **extra)(
           x_BTD, stacked_anchors(anchors, scanned), *per_layer)
       for i in range(len(scanned) if emit else 0):
         parent.sow("intermediates", "hidden", hidden_LBTD[i])
       layer = scanned.stop
       continue
-    unrolled_step = nn.remat(LayerStep) if remat else LayerStep
-    x_BTD, _ = unrolled_step(m, layer, causal, dtype, train=train, name=f"h_{layer}")(
+    unrolled_step = nn.remat(step_class) if remat else step_class
+    x_BTD, _ = unrolled_step(m, layer, causal, dtype, train=train, name=f"h_{layer}", **extra)(
         x_BTD, anchors.get(f"layer_{layer}", {}), *per_layer)
     parent.sow("intermediates", "hidden", x_BTD)
     layer += 1

@@ -9,13 +9,13 @@ block's output ("hidden") and the explicit path's softmax ("attn_probs") are sow
 `intermediates`. `decode=True` (decoder; decode.py) reads and advances a KV cache in `cache`,
 created by an init call whose T is the cache length (kv_cache.py).
 """
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
-from simplified_flax.model import grad_rules
+from simplified_flax.model import block
 from simplified_flax.model import layer_stack
 from simplified_flax.model import layers
 from simplified_flax.model import masks
@@ -33,18 +33,28 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BT, **kwargs):
-    """`_forward` traced under the gradient rules `model.grad_rules` chooses: the one place."""
-    with grad_rules.chosen(grad_rules.mode_of(self.cfg)):
-      return self._forward(tokens_BT, **kwargs)
+    """`forward` with the token table read by row lookup."""
+    return self.forward(tokens_BT, **kwargs)
 
-  def _forward(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False,
-               decode: bool = False, lengths=None, return_hidden: bool = False,
-               table_copies=None):
+  @nn.nowrap
+  def block_class(self) -> type:
+    """The block every layer runs: `block.Block` (the speed package passes its own)."""
+    return block.Block
+
+  @nn.nowrap
+  def block_attributes(self) -> dict:
+    """Attributes of `block_class()` beyond (cfg, layer, causal, dtype)."""
+    return {}
+
+  @nn.nowrap
+  def forward(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False,
+              decode: bool = False, lengths=None, return_hidden: bool = False,
+              lookup: Callable = layers.take_rows):
     """`lengths` [B] (decode only): the real leading tokens of each row (default T), by which
-    its cache index advances. `return_hidden`: the final LayerNorm's output [B, T, D] instead
+    its cache index advances. `return_hidden`: the final norm's output [B, T, D] instead
     of the logits (for a task head, glue/classifier.py, or the training loss's tied head);
-    the parameters are the same. `table_copies` (layers.table_copies of the `wte` table):
-    the token lookup reads them, as the training loss's head does."""
+    the parameters are the same. `lookup(table_VD, tokens_BT)`: how tokens read the `wte`
+    table (any exact form of `layers.take_rows`)."""
     m = self.cfg
     B, T = tokens_BT.shape
     if T > m.max_position_embeddings:
@@ -53,8 +63,8 @@ class Transformer(nn.Module):
     anchors = self.variable("constants", "anchors", lambda: valproj.anchor_matrices(
         self.make_rng("params"), m)).value
 
-    wte = layers.Embed(m.vocab_size, m.n_embd, name="wte",
-                       embedding_init=layers.normal_init(layers.PLAIN_STD))
+    wte = nn.Embed(m.vocab_size, m.n_embd, name="wte",
+                   embedding_init=layers.normal_init(layers.PLAIN_STD))
     wpe = nn.Embed(m.max_position_embeddings, m.n_embd, name="wpe",
                    embedding_init=layers.normal_init(layers.PLAIN_STD))
     cache_index_B = None
@@ -66,7 +76,7 @@ class Transformer(nn.Module):
       positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
     else:   # the position inside each (contiguous) segment
       positions_BT = jnp.arange(T) - masks.segment_run_starts(segment_ids)
-    x_BTD = (wte(tokens_BT, table_copies) + wpe(positions_BT)).astype(self.dtype)
+    x_BTD = (lookup(wte.embedding, tokens_BT) + wpe(positions_BT)).astype(self.dtype)
     x_BTD = nn.Dropout(m.dropout_rate, deterministic=not train)(x_BTD)
 
     x_BTD = layer_stack.run_blocks(self, m, x_BTD, anchors, causal=self.causal, dtype=self.dtype,
@@ -98,8 +108,11 @@ class Transformer(nn.Module):
 
 
 def build_model(model_config, dtype="float32") -> Transformer:
-  """The model `model_config.kind` names ("decoder" or "encoder"), computing in `dtype`; the
-  config is trusted (runs/config_checks.py checks it once per start)."""
+  """The reference model `model_config.kind` names ("decoder" or "encoder"), computing in
+  `dtype`: the papers' equations under autodiff, on every platform. The config is trusted
+  (runs/config_checks.py checks it once per start). Training builds its model through the
+  speed package instead (`simplified_flax.fast.build_model`), which returns this model or one
+  with the same parameters that computes the same values faster."""
   assert model_config.kind in ("decoder", "encoder"), model_config.kind
   return Transformer(_frozen(model_config), causal=model_config.kind == "decoder",
                      dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype)

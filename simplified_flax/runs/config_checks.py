@@ -7,8 +7,8 @@ file and runs no JAX; the model, the train step and the placement then trust the
 import numbers
 from operator import attrgetter
 
-from simplified_flax.model import attention_kernels
-from simplified_flax.model import grad_rules
+from simplified_flax.fast import attention_kernels
+from simplified_flax.fast import grad_rules
 from simplified_flax.model import layer_stack
 from simplified_flax.model import layers
 from simplified_flax.model import transformer

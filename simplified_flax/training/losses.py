@@ -14,6 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from simplified_flax.fast import layers as fast_layers
 from simplified_flax.model import layers
 from simplified_flax.training import chunked_loss
 
@@ -58,11 +59,11 @@ def loss_sums(logits_BTV: jax.Array, batch: dict, kind: str,
 
 def hidden_loss_sums(hidden_BTD: jax.Array, embedding_VD: jax.Array, batch: dict, kind: str,
                      head: chunked_loss.HeadSpec, with_correct: bool = False,
-                     table_copies: layers.TableCopies | None = None) -> dict[str, jax.Array]:
+                     table_copies: fast_layers.TableCopies | None = None) -> dict[str, jax.Array]:
   """`loss_sums` of the logits `hidden @ embedding^T`, computed chunk by chunk
   (`with_correct` is for evaluation: it is not differentiable). With `table_copies` (of
-  `embedding_VD`, layers.table_copies), each device's tokens against its copy: the same
-  values, and the gradient through the copies (why: `layers.table_copies`)."""
+  `embedding_VD`, fast_layers.table_copies), each device's tokens against its copy: the same
+  values, and the gradient through the copies (why: `fast_layers.table_copies`)."""
   targets_BT, weights_BT = targets_and_weights_BT(batch, kind)
   B, T, D = hidden_BTD.shape
   hidden_ND, targets_N = hidden_BTD.reshape(B * T, D), targets_BT.reshape(B * T)

@@ -15,7 +15,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from simplified_flax.model import target_platform
+from simplified_flax.fast import target_platform
 
 DATA, FSDP = "data", "fsdp"
 PMAP_AXIS = "batch"
@@ -160,7 +160,7 @@ class JitPlacement(Placement):
 
   def compile_step(self, step_fn, abstract_state, returns_state=True):
     """The state keeps the shardings of `abstract_state`; outputs are replicated. Traced under
-    the mesh, so that TPU splash attention can `shard_map` itself (model/attention_kernels.py),
+    the mesh, so that TPU splash attention can `shard_map` itself (fast/attention_kernels.py),
     and for the mesh's platform, which the model's hardware choices follow."""
     shardings = self.state_shardings(abstract_state)
     replicated = NamedSharding(self.mesh, P())

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from simplified_flax.model import layers
+from simplified_flax import fast
+from simplified_flax.fast import layers as fast_layers
 from simplified_flax.training import chunked_loss
 from simplified_flax.training import diagnostics
 from simplified_flax.training import losses
@@ -36,7 +37,7 @@ class StepSpec:
   kind: str                    # "decoder" or "encoder"
   grad_accum_steps: int = 1
   head: chunked_loss.HeadSpec | None = None   # None: the loss reads the model's logits
-  copy_table: bool = False     # the head and the lookup read layers.table_copies (no FSDP)
+  copy_table: bool = False     # the head and the lookup read fast_layers.table_copies (no FSDP)
   shard_update: bool = False   # each device updates its slice of the weights (placement.py)
 
 
@@ -56,8 +57,10 @@ class TrainState:
 
 def create_train_state(config, rng, mesh=None, model=None) -> TrainState:
   """A fresh state (model init from `rng`, step 0) of a checked config, made in the shardings
-  of `mesh` if given. `model` (default `build_model(config.model, config.dtype)`) may be any
-  linen module with the same call signature (GLUE's classifier)."""
+  of `mesh` if given. `model` (default: the model of `config.model`, initialised as the reference
+  `build_model(config.model, config.dtype)` and applied through the speed package's
+  `fast.ModelApply`, which picks the fast model for the platform each step is compiled for)
+  may be any linen module with the same call signature (GLUE's classifier)."""
   init, rng = _initializer(config, model, rng)
   abstract = _checked_abstract_state(init, rng)
   if mesh is None:
@@ -78,7 +81,11 @@ def _initializer(config, model, rng):
   if config.model.vocab_size is None:   # the one field a checked config may leave unset
     raise ValueError("model.vocab_size is unset: set it to the tokenizer's vocabulary size "
                      "(the training script does this from config.data).")
-  model = model if model is not None else build_model(config.model, dtype=config.dtype)
+  if model is None:
+    model = build_model(config.model, dtype=config.dtype)
+    apply_fn = fast.ModelApply(model.cfg, config.dtype)
+  else:
+    apply_fn = model.apply
   tx = optimizer.make_optimizer(config)
   schedule = optimizer.make_schedule(config.optimizer, config.num_train_steps)
   spec = StepSpec(kind=config.model.kind, grad_accum_steps=config.grad_accum_steps,
@@ -94,7 +101,7 @@ def _initializer(config, model, rng):
     constants = {k: v for k, v in variables.items()   # intermediates: outputs, never state
                  if k not in ("params", "intermediates")}
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, constants=constants,
-                      opt_state=tx.init(params), rng=train_key, apply_fn=model.apply, tx=tx,
+                      opt_state=tx.init(params), rng=train_key, apply_fn=apply_fn, tx=tx,
                       schedule=schedule, spec=spec)
 
   typed_key = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
@@ -131,7 +138,7 @@ def _loss_sums(state: TrainState, params, batch: dict, *, train: bool, key,
       return losses.loss_sums(logits_BTV, batch, state.spec.kind, with_correct)
   table_VD = params["wte"]["embedding"]
   # A table sharded by FSDP is whole on no device: its copies would gather it on each.
-  copies = (layers.table_copies(table_VD, batch["inputs"].shape[0])
+  copies = (fast_layers.table_copies(table_VD, batch["inputs"].shape[0])
             if state.spec.copy_table and not with_correct else None)
   hidden_BTD = apply_model(state, params, batch, train=train, key=key, return_hidden=True,
                            **({"table_copies": copies} if copies is not None else {}))

@@ -38,8 +38,8 @@ from jax.experimental import pallas as pl
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from simplified_flax.model import attention_kernels
-from simplified_flax.model import combine_kernel_tpu
+from simplified_flax.fast import attention_kernels
+from simplified_flax.fast import combine_kernel_tpu
 
 CHUNK = 32   # times per step of the running sum: [CHUNK, d] float32 tiles stay in registers
 # The fewest (sequence, head) programs that take the kernels: each program walks its times one

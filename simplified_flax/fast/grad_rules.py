@@ -68,29 +68,23 @@ Each gives autodiff's gradients in an order or a form that a compiler lowers bet
          for SAS-P on a v5e-8 at the paper's shape; bfloat16 round-off of the products).
          `Block` applies it with the fused form's kernels only (explicit SAS-P: +0.09 GB).
 
-The mode is chosen once: "auto" applies each rule on the platform named above, where it was
-measured to help (the platform the step is compiled for); "on" applies all; "off" none
-(plain autodiff). "auto" or "on" may name rules to leave out, each after a comma and a minus,
-e.g. "auto,-relu_matmul": the rest as the mode says, those never (to measure one rule on a
-device, or to drop one that does not pay there). `Transformer` traces its body inside
-`chosen(model.grad_rules)`, and `matmul`, the MLP, the attention and its q/k projection read
-it at trace time (so under jit, scan and remat alike).
+The mode is chosen once per model (`model.grad_rules`): "auto" applies each rule on the platform
+named above, where it was measured to help (the platform the step is compiled for); "on"
+applies all; "off" none (the reference model, simplified_flax/model). "auto" or "on" may name
+rules to leave out, each after a comma and a minus, e.g. "auto,-relu_matmul": the rest as the
+mode says, those never (to measure one rule on a device, or to drop one that does not pay
+there). `plan.choose` turns the mode into a `Plan`'s rules; the fast modules read the plan
+they are given, and the functions here apply their rule unconditionally.
 """
-import contextlib
-import contextvars
-
 import jax
 from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
-
-from simplified_flax.model import target_platform
 
 MODES = ("auto", "on", "off")
 # Where "auto" applies each rule.
 AUTO_PLATFORM = {"dense": ("cpu",), "gains": ("cpu",), "relu": ("gpu",), "split": ("gpu",),
                  "combine": ("gpu", "tpu"), "skip": ("gpu",), "out_gain": ("tpu",),
                  "norm_stats": ("gpu",), "relu_matmul": ("gpu",)}
-_MODE = contextvars.ContextVar("grad_rules_mode", default=("auto", frozenset()))
 
 
 def mode_of(model_config) -> str:
@@ -114,35 +108,9 @@ def parse(mode: str) -> tuple[str, frozenset]:
   return base, left_out
 
 
-@contextlib.contextmanager
-def chosen(mode: str):
-  """Within the context, models trace with the rules under `mode` (`parse`)."""
-  token = _MODE.set(parse(mode))
-  try:
-    yield
-  finally:
-    _MODE.reset(token)
-
-
-def enabled(rule: str = "dense") -> bool:
-  """Whether `rule` (a key of AUTO_PLATFORM) applies under the chosen mode on the platform the
-  step is compiled for."""
-  mode, left_out = _MODE.get()
-  if rule in left_out:
-    return False
-  return mode == "on" or (mode == "auto" and target_platform.current() in AUTO_PLATFORM[rule])
-
-
-def matmul(x_ND, kernel_DF):
-  """`x @ kernel` over the last axis: `dense` when the rules apply, else `jnp.dot`."""
-  return dense(x_ND, kernel_DF) if enabled() else jnp.dot(x_ND, kernel_DF)
-
-
 def leaky_relu(x, negative_slope: float) -> jax.Array:
-  """`jax.nn.leaky_relu(x, negative_slope)`; at slope 0 as `relu` when the rule applies."""
-  if negative_slope == 0 and enabled("relu"):
-    return relu(x)
-  return jax.nn.leaky_relu(x, negative_slope)
+  """`jax.nn.leaky_relu(x, negative_slope)`; at slope 0 as `relu` (the `relu` rule)."""
+  return relu(x) if negative_slope == 0 else jax.nn.leaky_relu(x, negative_slope)
 
 
 @jax.custom_jvp
@@ -157,14 +125,12 @@ def _relu_jvp(primals, tangents):
   return relu(x), jax.jvp(lambda x: jax.nn.leaky_relu(x, 0.0), (x,), (dx,))[1]
 
 
-def biased_halves(x_ND, kernel_DF, bias_F, *, separate: bool):
+def biased_halves(x_ND, kernel_DF, bias_F, *, separate: bool, product=jnp.dot):
   """`jnp.split(x @ kernel + bias, 2, axis=-1)` for x [N.., D], kernel [D, F], bias [F], with
-  the `split` rule when it applies: `separate`, each half a GEMM of its own with its bias
-  inside; else the one GEMM's halves, the split's tangent held."""
-  if not enabled("split"):
-    return tuple(jnp.split(matmul(x_ND, kernel_DF) + bias_F, 2, axis=-1))
+  the `split` rule: `separate`, each half a GEMM (`product`) of its own with its bias inside;
+  else the one GEMM's halves, the split's tangent held."""
   if not separate:
-    return _held_split(matmul(x_ND, kernel_DF) + bias_F)
+    return _held_split(product(x_ND, kernel_DF) + bias_F)
   D = x_ND.shape[-1]
   # One column of ones for the bias, then zeros to a multiple of 8: the tensor cores'
   # bfloat16 granule of the contracted width (769 would leave every row misaligned).
@@ -177,7 +143,7 @@ def biased_halves(x_ND, kernel_DF, bias_F, *, separate: bool):
   for kernel_AH in jnp.split(kernel_AF, 2, axis=-1):
     # Distinct operands per GEMM, else XLA's dot merger makes the two one GEMM again.
     held_x_NA, held_kernel_AH = jax.lax.optimization_barrier((x_NA, kernel_AH))
-    halves.append(matmul(held_x_NA, held_kernel_AH))
+    halves.append(product(held_x_NA, held_kernel_AH))
   return tuple(halves)
 
 
@@ -192,14 +158,10 @@ def _held_split_jvp(primals, tangents):
   return _held_split(x_ND), tuple(jnp.split(jax.lax.optimization_barrier(dx_ND), 2, axis=-1))
 
 
-def scaled_skip(gain, x_BTD):
-  """`gain * x` for a scalar gain (float32) and x [..., D], with the `skip` rule when it
-  applies; forward and reverse mode alike."""
-  return _scaled_skip(gain, x_BTD) if enabled("skip") else gain * x_BTD
-
-
 @jax.custom_jvp
-def _scaled_skip(gain, x_BTD):
+def scaled_skip(gain, x_BTD):
+  """`gain * x` for a scalar gain (float32) and x [..., D], with the `skip` rule; forward and
+  reverse mode alike."""
   return gain * x_BTD
 
 
@@ -218,19 +180,13 @@ def _scaled_skip_jvp(primals, tangents):
   return y_BTD, dy_BTD
 
 
-_scaled_skip.defjvp(_scaled_skip_jvp, symbolic_zeros=True)
-
-
-def gained_matmul(gain, x_NF, kernel_FD):
-  """`gain * (x @ kernel)`, [..., F] x [F, D] -> [..., D] in x's dtype promoted with the
-  gain's, for a scalar gain; with the `out_gain` rule when it applies."""
-  if enabled("out_gain"):
-    return _gained_matmul(gain, x_NF, kernel_FD)
-  return gain * matmul(x_NF, kernel_FD)
+scaled_skip.defjvp(_scaled_skip_jvp, symbolic_zeros=True)
 
 
 @jax.custom_jvp
-def _gained_matmul(gain, x_NF, kernel_FD):
+def gained_matmul(gain, x_NF, kernel_FD):
+  """`gain * (x @ kernel)`, [..., F] x [F, D] -> [..., D] in x's dtype promoted with the
+  gain's, for a scalar gain; with the `out_gain` rule."""
   return gain * jnp.dot(x_NF, kernel_FD)
 
 
@@ -252,7 +208,7 @@ def _gained_matmul_jvp(primals, tangents):
   return y_ND, dy_ND
 
 
-_gained_matmul.defjvp(_gained_matmul_jvp, symbolic_zeros=True)
+gained_matmul.defjvp(_gained_matmul_jvp, symbolic_zeros=True)
 
 
 def _present(tangent) -> bool:

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, PartitionSpec as P
 
-from simplified_flax.model import target_platform
 
 Kernel = Literal["splash", "cudnn", "xla"]
 REQUESTS = ("auto", "explicit", "fused")   # the values of model.attention_impl
@@ -30,14 +29,13 @@ _CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)   # what cuDNN's flash attention tak
 AUTO_IMPL = {"tpu": "fused", "cpu": "explicit"}
 
 
-def resolve_impl(requested: str, *, dtype, soft_capped: bool = False,
-                 backend: str | None = None) -> Literal["explicit", "fused"]:
+def resolve_impl(requested: str, *, dtype, backend: str,
+                 soft_capped: bool = False) -> Literal["explicit", "fused"]:
   """The attention path for `model.attention_impl=requested` computing in `dtype`. "auto" is
   explicit where the fused form cannot serve or gains nothing (soft-capped logits; float32 on
   GPU), cuDNN's fused form on GPU, else AUTO_IMPL (explicit where nobody measured)."""
   if requested != "auto":
     return requested
-  backend = backend or target_platform.current()
   if soft_capped:
     return "explicit"
   if backend == "gpu":
@@ -70,12 +68,11 @@ def why_no_kernel(requested: str, *, dtype, soft_capped: bool, seq_len: int,
   return None
 
 
-def choose_kernel(q_BTHd, k_BTHd, *, mask, backend: str | None = None) -> Kernel:
-  """The kernel `dot_product_attention` uses for these shapes on `backend` (default: the
-  platform the step is compiled for, model/target_platform.py)."""
+def choose_kernel(q_BTHd, k_BTHd, *, mask, backend: str) -> Kernel:
+  """The kernel `dot_product_attention` uses for these shapes on `backend` (the platform the
+  step is compiled for: `Plan.platform`)."""
   if os.environ.get(KERNEL_ENV, "auto") == "xla":
     return "xla"
-  backend = backend or target_platform.current()
   Tq, Tk = q_BTHd.shape[1], k_BTHd.shape[1]
   if backend == "tpu" and mask is None and Tq == Tk and Tq % SPLASH_BLOCK == 0:
     return "splash"
@@ -85,15 +82,16 @@ def choose_kernel(q_BTHd, k_BTHd, *, mask, backend: str | None = None) -> Kernel
 
 
 def dot_product_attention(q_BTHd, k_BTHd, v_BTHd, *, mask=None, is_causal: bool = False,
-                          backend: str | None = None, interpret: bool = False):
+                          backend: str, interpret: bool = False):
   """Attention output [B, Tq, H, Dh] in the inputs' dtype, as `jax.nn.dot_product_attention`,
   to the dtype's round-off. `mask`: boolean [B or 1, H or 1, Tq, Tk] (True: attend) or None;
-  `is_causal`: the lower-triangular mask (Tq == Tk). `backend` and `interpret` (the Pallas
-  kernel in interpret mode) let tests on CPU check the TPU kernel."""
+  `is_causal`: the lower-triangular mask (Tq == Tk). `interpret` (the Pallas kernel in
+  interpret mode; cuDNN, which has none, gives way to XLA) lets tests on a CPU check a
+  backend's path."""
   kernel = choose_kernel(q_BTHd, k_BTHd, mask=mask, backend=backend)
   if kernel == "splash":
     return _splash(q_BTHd, k_BTHd, v_BTHd, is_causal=is_causal, interpret=interpret)
-  if kernel == "cudnn":
+  if kernel == "cudnn" and not interpret:
     try:
       return jax.nn.dot_product_attention(q_BTHd, k_BTHd, v_BTHd, mask=mask,
                                           is_causal=is_causal, implementation="cudnn")

@@ -27,7 +27,7 @@ from jax.experimental import pallas as pl
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from simplified_flax.model import attention_kernels
+from simplified_flax.fast import attention_kernels
 
 NAME = "pallas_gemm_relu_grad"   # the kernel's name scope, read by aot.hlo_costs
 TILES = (128, 64, 32, 16)        # rows and columns of dh a program owns, largest that divides

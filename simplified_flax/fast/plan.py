@@ -1,0 +1,150 @@
+"""The one decision of the speed package: which speed paths a model runs, from its config and the
+platform its step is compiled for (docs/fast.md).
+
+    plan = choose(config.model, dtype="bfloat16", platform="gpu")   # a Plan, or None
+    None: the reference model (simplified_flax/model), unchanged.
+
+A plan applies only where every config field that changes the block has a value the speed
+paths were verified on (`VERIFIED`, checked against the reference by tests/test_fast_matrix.py
+for every config file in configs/); fields that cannot change what the block computes are
+listed in `IGNORED`. Any other field or value builds the reference model and logs one line
+that names it. A new variant may run slower; it never runs wrong.
+"""
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Optional
+
+from absl import logging
+
+from simplified_flax.fast import attention_kernels
+from simplified_flax.fast import grad_rules
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+
+
+def _one_of(*values) -> Callable[[Any], bool]:
+  check = lambda v: v in values and type(v) in {type(x) for x in values}
+  check.description = " or ".join(map(repr, values))
+  return check
+
+
+def _number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _number_or_none(v) -> bool:
+  return v is None or _number(v)
+
+
+def _positive_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+_number.description = "a finite number"
+_number_or_none.description = "None or a finite number"
+_positive_int.description = "a positive integer"
+_BOOL = _one_of(False, True)
+
+# Every model field that can change what a block computes, with the values the speed paths
+# were verified on (the equivalence matrix runs each config file of configs/ through every
+# platform's plan). A value outside these builds the reference model.
+VERIFIED = {
+    "kind": _one_of("decoder", "encoder"),
+    "n_layer": _positive_int, "n_embd": _positive_int, "n_head": _positive_int,
+    "context_length": _positive_int, "max_position_embeddings": _positive_int,
+    "mlp_width_mult": _positive_int, "vocab_size": _positive_int,
+    "activation": _one_of("leaky_relu"),
+    "lrelu_neg_slope": _one_of(0.0),
+    "attention_impl": _one_of("auto", "explicit", "fused"),
+    "scan_layers": _BOOL, "remat": _BOOL, "scan_residuals": _one_of("matmuls", "all"),
+    "norm_type": _one_of("rmsnorm", "none"),
+    "norm_position": _one_of("pre"),
+    "norm_eps": _number,
+    "parallel_layers": _BOOL,
+    "qk_norm_type": _one_of("none", "rmsnorm"),
+    "dot_norm_type": _one_of("none"),
+    "attn_block_resid_gain": _number, "attn_block_skip_gain": _number,
+    "mlp_block_resid_gain": _number, "mlp_block_skip_gain": _number,
+    "trainable_attn_block_gains": _BOOL, "trainable_mlp_block_gains": _BOOL,
+    "centre_attn": _BOOL,
+    "attn_mat_resid_gain": _number, "attn_mat_skip_gain": _number, "centre_attn_gain": _number,
+    "trainable_attn_mat_gains": _BOOL,
+    # Value / Proj: the block reads their form (identity, plain, reparameterised: valproj.py).
+    "value_resid_gain": _number, "value_skip_gain": _number_or_none,
+    "val_init_type": _one_of("normal", "orth", "id"), "trainable_value_gains": _BOOL,
+    "first_layer_value_resid_gain": _number_or_none,
+    "proj_resid_gain": _number, "proj_skip_gain": _number_or_none,
+    "proj_init_type": _one_of("normal", "orth", "id"), "trainable_proj_gains": _BOOL,
+    "last_layer_proj_resid_gain": _number_or_none,
+    "dropout_rate": _one_of(0.0),
+}
+# Fields that cannot change what the fast model computes from given parameters: initial
+# values (the reference model initialises; a plan never does), the loss's head (training's),
+# and the switch itself.
+IGNORED = frozenset({
+    "query_init_std", "key_init_std", "val_proj_init_std", "mlp_proj_init_std",
+    "tie_valproj_init", "loss_vocab_chunk_size", "vocab_pad_multiple", "loss_keep_logits",
+    "grad_rules",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What the fast model runs, decided once by `choose` and passed to every fast module.
+
+  platform: the platform the step is compiled for ("cpu", "gpu", "tpu").
+  rules: the names of grad_rules.AUTO_PLATFORM that apply.
+  attention_impl: the attention form ("explicit" or "fused") that "auto" resolves to.
+  interpret: the Pallas kernels in interpret mode, off their platform (a platform's plan
+    checked on a CPU; tests only).
+  """
+  platform: str
+  rules: frozenset
+  attention_impl: str
+  interpret: bool = False
+
+  def applies(self, rule: str) -> bool:
+    return rule in self.rules
+
+
+def unverified(model_config) -> Optional[str]:
+  """One line naming the first field (in the config's order) whose value the speed paths were
+  not verified on, or that is not classified at all; None when every field is verified."""
+  for field, value in model_config.items():
+    if field in IGNORED:
+      continue
+    check = VERIFIED.get(field)
+    if check is None:
+      return (f"model.{field} is new to the speed package (simplified_flax/fast/plan.py); "
+              f"verify it and add it to VERIFIED or IGNORED there to run the fast path")
+    if not check(value):
+      return (f"model.{field}={value!r} was not verified for the fast path (verified: "
+              f"{check.description}); see docs/fast.md, 'Verifying a new setting'")
+  return None
+
+
+def choose(model_config, *, dtype, platform: str, interpret: bool = False) -> Optional[Plan]:
+  """The plan for a model of `model_config` computing in `dtype` on `platform`, or None for
+  the reference model: `model.grad_rules="off"`, or a field `unverified` names (logged once).
+  `interpret`: the kernels in Pallas interpret mode (a GPU's or TPU's plan on a CPU)."""
+  if platform not in PLATFORMS:
+    raise ValueError(f"Unknown platform {platform!r}; expected one of {PLATFORMS}.")
+  mode, left_out = grad_rules.parse(grad_rules.mode_of(model_config))
+  if mode == "off":
+    return None
+  reason = unverified(model_config)
+  if reason is not None:
+    _log_once(f"Running the reference model: {reason}.")
+    return None
+  rules = frozenset(rule for rule, platforms in grad_rules.AUTO_PLATFORM.items()
+                    if rule not in left_out and (mode == "on" or platform in platforms))
+  impl = attention_kernels.resolve_impl(model_config.attention_impl, dtype=dtype,
+                                        soft_capped=model_config.dot_norm_type == "tanh",
+                                        backend=platform)
+  return Plan(platform, rules, impl, interpret)
+
+
+@functools.lru_cache(maxsize=64)
+def _log_once(line: str) -> None:
+  logging.warning(line)
