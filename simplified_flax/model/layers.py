@@ -9,10 +9,11 @@ import jax.numpy as jnp
 
 from simplified_flax.model import quantize
 
-NORM_TYPES = ("ln", "rmsnorm", "none")
+NORM_TYPES = ("ln", "rmsnorm", "dyt", "none")
 INIT_TYPES = ("normal", "orth", "id")
 ACTIVATIONS = ("leaky_relu", "gelu")
 PLAIN_STD = 0.02   # N(0, 0.02): every plain weight (GPT-2), no depth rescaling
+DYT_ALPHA_INIT = 0.5   # DyT's alpha_0 (Zhu et al. 2025, Sec. 4: 0.5 for every non-LLM model)
 
 
 def gain(module: nn.Module, name: str, value: float, trainable: bool, shape=()) -> jax.Array:
@@ -40,12 +41,31 @@ def rms_norm(x, scale, eps: float, dtype) -> jax.Array:
   return (scale * x32 / (rms + eps)).astype(dtype)
 
 
+class DyT(nn.Module):
+  """Dynamic Tanh (Zhu, Chen, He, LeCun, Liu, "Transformers without Normalization", CVPR 2025,
+  Eq. (1)): `gamma * tanh(alpha * x) + beta` over the last axis, in place of a norm; alpha a
+  learnable scalar initialised to `alpha_init`, gamma [D] ones, beta [D] zeros."""
+  alpha_init: float = DYT_ALPHA_INIT
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    D = x.shape[-1]
+    # A gain by name: never weight-decayed, logged with the gains (diagnostics.gain_metrics).
+    alpha = self.param("alpha_gain", nn.initializers.constant(self.alpha_init), (), jnp.float32)
+    gamma_D = self.param("scale", nn.initializers.ones, (D,), jnp.float32)
+    beta_D = self.param("bias", nn.initializers.zeros, (D,), jnp.float32)
+    return (gamma_D * jnp.tanh(alpha * x.astype(jnp.float32)) + beta_D).astype(self.dtype)
+
+
 def make_norm(norm_type: str, eps: float, dtype, name: str) -> Callable:
-  """A norm module ("rmsnorm", "ln"), or the identity for "none"."""
+  """A norm module ("rmsnorm", "ln", "dyt"), or the identity for "none"."""
   if norm_type == "rmsnorm":
     return RMSNorm(eps=eps, dtype=dtype, name=name)
   if norm_type == "ln":
     return nn.LayerNorm(epsilon=eps, dtype=dtype, name=name)
+  if norm_type == "dyt":
+    return DyT(dtype=dtype, name=name)
   assert norm_type == "none", norm_type
   return lambda x: x
 

@@ -83,7 +83,7 @@ class Transformer(nn.Module):
                                    key_mask=key_mask, segment_ids=segment_ids, train=train,
                                    cache_index=cache_index_B, lengths=lengths)
 
-    x_BTD = nn.LayerNorm(epsilon=m.norm_eps, dtype=self.dtype, name="ln_f")(x_BTD)
+    x_BTD = final_norm(m, self.dtype)(x_BTD)
     if return_hidden:
       return x_BTD
     # With vocab_pad_multiple the head's matmul runs on a zero-padded table and the padded
@@ -105,6 +105,14 @@ class Transformer(nn.Module):
     if not self.is_initializing():
       index.value = start_B + lengths_B
     return start_B, lengths_B
+
+
+def final_norm(m, dtype):
+  """The norm before the head: a LayerNorm, or DyT where the blocks use it (Zhu et al. replace
+  every norm, the final one included)."""
+  if m.norm_type == "dyt":
+    return layers.DyT(dtype=dtype, name="ln_f")
+  return nn.LayerNorm(epsilon=m.norm_eps, dtype=dtype, name="ln_f")
 
 
 def build_model(model_config, dtype="float32") -> Transformer:

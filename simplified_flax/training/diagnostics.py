@@ -17,6 +17,8 @@ from simplified_flax.training.optimizer import GAIN_SUFFIX, leaf_names
 HIDDEN = "hidden"
 ATTN_PROBS = "attn_probs"
 REPARAM_GAINS = ("resid_gain", "skip_gain")   # leaf names shared by every ReparamLinear
+# Gains named with their module (`norm1_alpha_gain`): leaf names several modules of a layer share.
+MODULE_QUALIFIED_GAINS = REPARAM_GAINS + ("alpha_gain",)   # DyT's alpha (model/layers.py)
 _TINY = jnp.finfo(jnp.float32).tiny
 
 
@@ -75,7 +77,7 @@ def gain_metrics(params: Mapping[str, Any]) -> Dict[str, jax.Array]:
     if not names[-1].endswith(GAIN_SUFFIX):
       continue
     name = names[-1]
-    if name in REPARAM_GAINS and len(names) > 2:
+    if name in MODULE_QUALIFIED_GAINS and len(names) > 2:
       name = f"{names[-2]}_{name}"
     leaf = jnp.asarray(leaf, jnp.float32)
     for module, value in _per_layer(names[0], leaf) if len(names) > 1 else [(None, leaf)]:
