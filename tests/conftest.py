@@ -19,9 +19,17 @@ import pytest  # pylint: disable=wrong-import-position
 
 import configs  # pylint: disable=wrong-import-position
 
-DECODER_VARIANTS = ("preln", "parallel", "value_skipinit", "sas", "sas_p", "sas_p_nonorm", "op",
-                    "naive_skipless")
-ENCODER_VARIANTS = ("bert_preln", "bert_sas", "bert_sas_p")
+
+def _config_kinds() -> dict:
+  """{config name: its model kind} for every file of configs/ (listed, never typed by hand)."""
+  from simplified_flax import config_files  # pylint: disable=import-outside-toplevel
+  return {name: configs.load(name).model.kind for name in config_files.known_configs()}
+
+
+CONFIG_KINDS = _config_kinds()
+ALL_CONFIGS = tuple(sorted(CONFIG_KINDS))
+DECODER_VARIANTS = tuple(n for n in ALL_CONFIGS if CONFIG_KINDS[n] == "decoder")
+ENCODER_VARIANTS = tuple(n for n in ALL_CONFIGS if CONFIG_KINDS[n] == "encoder")
 TINY_MODEL = dict(n_layer=2, n_embd=32, n_head=4, context_length=16, vocab_size=61)
 
 

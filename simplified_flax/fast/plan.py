@@ -148,3 +148,8 @@ def choose(model_config, *, dtype, platform: str, interpret: bool = False) -> Op
 @functools.lru_cache(maxsize=64)
 def _log_once(line: str) -> None:
   logging.warning(line)
+
+
+def forget_logged_lines() -> None:
+  """Log each fallback line again from now on (for tests that read the log)."""
+  _log_once.cache_clear()
