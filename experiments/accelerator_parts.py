@@ -22,8 +22,10 @@ import numpy as np
 import configs
 from experiments import benchmark
 from experiments import step_breakdown
-from simplified_flax.model import attention
-from simplified_flax.model.transformer import build_model
+from simplified_flax import fast
+from simplified_flax.fast import attention as fast_attention
+from simplified_flax.fast import grad_rules
+from simplified_flax.fast import target_platform
 from simplified_flax.training.step import create_train_state, eval_step, train_step
 
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
@@ -47,8 +49,17 @@ def uses_cudnn(fn: Callable, *args) -> bool:
 
 # ---------------------------------------------------------------------------- a. equalities
 
+def _auto_plan(platform: str) -> fast.Plan:
+  """The speed package's plan under `model.grad_rules="auto"` on `platform`: the rules measured
+  to help there (what a training step on it runs)."""
+  rules = frozenset(rule for rule, where in grad_rules.AUTO_PLATFORM.items() if platform in where)
+  return fast.Plan(platform, rules, "fused")
+
+
 def attention_equalities(shape: Mapping[str, int]) -> List[Dict[str, Any]]:
-  """Explicit == fused shaped attention (causal, padded bidirectional, packed), per dtype.
+  """Explicit == fused shaped attention (causal, padded bidirectional, packed), per dtype, in
+  the speed package's form on this platform (`fast.attention.shaped_attention` under the
+  "auto" plan: the platform's attention and combine kernels where they apply).
 
   float32 runs at "highest" matmul precision (no TF32), so the only difference left is the
   order of summation; bfloat16 runs as a model would. On a GPU the plain term's kernel is also
@@ -66,13 +77,14 @@ def attention_equalities(shape: Mapping[str, int]) -> List[Dict[str, Any]]:
   cases = {"causal": dict(causal=True),
            "bidirectional_padded": dict(causal=False, key_mask=key_mask_BT),
            "causal_packed": dict(causal=True, segment_ids=segment_ids_BT)}
+  plan = _auto_plan(target_platform.current())
   rows = []
   for dtype, precision, tolerance in (("float32", "highest", 1e-4), ("bfloat16", "default", 3e-2)):
     q, k, v = (jax.random.normal(key, (B, T, H, d), dtype) for key in keys[:3])
     with jax.default_matmul_precision(precision):
       for case, kwargs in cases.items():
-        run = lambda impl, kw=kwargs: jax.jit(lambda q, k, v: attention.shaped_attention(
-            q, k, v, impl=impl, **gains, **kw))(q, k, v)
+        run = lambda impl, kw=kwargs: jax.jit(lambda q, k, v: fast_attention.shaped_attention(
+            plan, q, k, v, impl=impl, **gains, **kw))(q, k, v)
         error = relative_error(run("fused"), run("explicit"))
         rows.append({"check": f"shaped attention {case}", "dtype": dtype, "rel_error": error,
                      "tolerance": tolerance, "ok": error < tolerance})
@@ -95,17 +107,20 @@ def _cudnn_row(q, k, v, tolerance) -> Dict[str, Any]:
 
 def model_equalities(spec: str, overrides: Mapping[str, Any]) -> List[Dict[str, Any]]:
   """Logits of one model on the explicit and the fused path (same parameters), per dtype, and
-  whether the fused path compiled to cuDNN."""
+  whether the fused path compiled to cuDNN. Both are the model a step on this platform builds
+  (`fast.build_model`: the speed package's where its plan applies)."""
   rows = []
   for dtype, precision, tolerance in (("float32", "highest", 1e-4), ("bfloat16", "default", 3e-2)):
     config = configs.load(spec, dict(overrides, dtype=dtype))
     tokens_BT = jax.random.randint(jax.random.PRNGKey(1), (2, config.model.context_length), 0,
                                    config.model.vocab_size)
-    explicit = build_model(config.model, dtype=dtype)
+    explicit_config = config.model.copy_and_resolve_references()
+    explicit_config.attention_impl = "explicit"
+    explicit = fast.build_model(explicit_config, dtype=dtype)
     variables = explicit.init(jax.random.PRNGKey(0), tokens_BT)
     fused_config = config.model.copy_and_resolve_references()
     fused_config.attention_impl = "fused"
-    fused = build_model(fused_config, dtype=dtype)
+    fused = fast.build_model(fused_config, dtype=dtype)
     with jax.default_matmul_precision(precision):
       want = jax.jit(explicit.apply)(variables, tokens_BT)
       got = jax.jit(fused.apply)(variables, tokens_BT)

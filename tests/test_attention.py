@@ -1,11 +1,12 @@
-"""Shaped attention: the centering matrices, and explicit == fused (outputs and gradients)."""
+"""Shaped attention of the reference model (`model/attention.py`): the centering matrices, and
+explicit == fused (outputs and gradients). The speed package's form:
+tests/test_fast_attention.py."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from simplified_flax.model import attention
-from simplified_flax.model import grad_rules
 from simplified_flax.model import masks
 
 B, T, H, DH = 2, 9, 3, 4
@@ -161,8 +162,9 @@ def _reference_shaped_attention(q, k, v, mask, resid_gain, skip_gain, centre_gai
 
 @pytest.mark.parametrize("name", ["causal", "bidirectional_padded", "packed_causal"])
 def test_explicit_gradients_equal_autodiff_of_the_formula_including_probs(name):
-  """The explicit path's hand-written JVP (grad_rules.py, forced on), with a loss that also
-  reads the returned softmax (as diagnostics or an attention-entropy penalty would)."""
+  """The explicit path's gradients, with a loss that also reads the returned softmax (as
+  diagnostics or an attention-entropy penalty would). The speed package's hand-written JVP:
+  tests/test_fast_attention.py."""
   case = CASES[name]
   q, k, v = qkv()
   mask = masks.attention_mask(T, T, causal=case["causal"], key_mask=case.get("key_mask"),
@@ -172,8 +174,7 @@ def test_explicit_gradients_equal_autodiff_of_the_formula_including_probs(name):
     return jnp.sum(jnp.sin(out)) + jnp.sum(jnp.cos(3.0 * probs))
 
   def explicit_loss(q, k, v, gains):
-    with grad_rules.chosen("on"):
-      return read_out(*attention.shaped_attention(q, k, v, **gains, **case, return_probs=True))
+    return read_out(*attention.shaped_attention(q, k, v, **gains, **case, return_probs=True))
 
   def reference_loss(q, k, v, gains):
     return read_out(*_reference_shaped_attention(q, k, v, mask, **gains))
@@ -182,32 +183,3 @@ def test_explicit_gradients_equal_autodiff_of_the_formula_including_probs(name):
   want = jax.grad(reference_loss, argnums=(0, 1, 2, 3))(q, k, v, GAINS)
   for g_got, g_want in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g_got, g_want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_prefix_sums_by_chunk_matmuls_equal_the_cumulative_sum(dtype):
-  """The TPU form, over two chunks: the same sums (bfloat16 or float32 values, float32 sums:
-  exact for these integers)."""
-  v = jax.random.randint(jax.random.key(1), (1, 2 * attention.PREFIX_CHUNK, 2, 4), -8, 8)
-  v = v.astype(dtype)
-  by_chunks = lambda v: attention.causal_prefix_sums(v, by_chunks=True)
-  assert "dot_general" in str(jax.make_jaxpr(by_chunks)(v))
-  np.testing.assert_array_equal(by_chunks(v), jnp.cumsum(v.astype(jnp.float32), axis=1))
-
-
-def test_the_tpu_form_of_the_fused_path_equals_the_explicit_one(monkeypatch):
-  """Chunk-matmul prefix sums and a held combine (TPU_LAYOUT_PLATFORMS,
-  HELD_COMBINE_PLATFORMS), here on the CPU over two chunks: outputs and gradients as the
-  explicit path's."""
-  monkeypatch.setattr(attention, "TPU_LAYOUT_PLATFORMS", ("cpu", "tpu"))
-  monkeypatch.setattr(attention, "HELD_COMBINE_PLATFORMS", ("cpu", "tpu", "gpu"))
-  T2 = 2 * attention.PREFIX_CHUNK
-  kq, kk, kv = jax.random.split(jax.random.key(2), 3)
-  q, k, v = (jax.random.normal(key, (1, T2, 2, 4)) for key in (kq, kk, kv))
-  gains = {name: g[:2] for name, g in GAINS.items()}
-  loss = lambda impl: jax.jit(jax.value_and_grad(_loss(impl, dict(causal=True)),
-                                                argnums=(0, 1, 2, 3)))
-  (out_e, grads_e), (out_f, grads_f) = (loss(i)(q, k, v, gains) for i in ("explicit", "fused"))
-  np.testing.assert_allclose(out_e, out_f, rtol=1e-5)
-  for a, b in zip(jax.tree.leaves(grads_e), jax.tree.leaves(grads_f)):
-    np.testing.assert_allclose(a, b, atol=1e-4)

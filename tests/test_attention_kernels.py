@@ -1,5 +1,6 @@
 """The fused path's kernels: which backend takes which, and the TPU splash kernel (run in Pallas
-interpret mode on CPU) equals the explicit shaped attention, outputs and gradients."""
+interpret mode on CPU) equals the explicit shaped attention, outputs and gradients
+(`fast/attention_kernels.py`, through `fast.attention.shaped_attention` under a TPU's plan)."""
 import functools
 
 import jax
@@ -7,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simplified_flax.model import attention, attention_kernels
+from simplified_flax.fast import attention as fast_attention
+from simplified_flax.fast import attention_kernels
+from simplified_flax.fast.plan import Plan
 
 B, T, H, DH = 1, 128, 2, 8      # the smallest sequence the splash kernel tiles (one block)
 GAINS = dict(resid_gain=jnp.array([1.0, 0.5]), skip_gain=jnp.array([0.3, 1.0]),
@@ -35,17 +38,17 @@ def test_each_backend_picks_its_kernel_and_falls_back_to_xla(monkeypatch):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_splash_kernel_equals_the_explicit_path(monkeypatch, causal):
-  on_tpu = functools.partial(attention_kernels.dot_product_attention, backend="tpu",
-                             interpret=True)
-  monkeypatch.setattr(attention_kernels, "dot_product_attention", on_tpu)
+def test_splash_kernel_equals_the_explicit_path(causal):
+  # A TPU's plan, the splash kernel interpreted; no rules, so that the combine is XLA's and
+  # the kernel alone is under test (tests/test_combine_kernel.py tests the combine's).
+  on_tpu = Plan("tpu", frozenset(), "fused", interpret=True)
   q, k, v = _qkv()
-  fused = lambda q, k, v: attention.shaped_attention(q, k, v, causal=causal, impl="fused",
-                                                     **GAINS)
+  fused = lambda q, k, v: fast_attention.shaped_attention(on_tpu, q, k, v, causal=causal,
+                                                          impl="fused", **GAINS)
   assert "pallas_call" in str(jax.make_jaxpr(fused)(q, k, v))   # the kernel, not XLA
 
   def loss(impl, q, k, v, gains):
-    out = attention.shaped_attention(q, k, v, causal=causal, impl=impl, **gains)
+    out = fast_attention.shaped_attention(on_tpu, q, k, v, causal=causal, impl=impl, **gains)
     return jnp.sum(jnp.sin(out)), out
 
   grad = lambda impl: jax.jit(jax.grad(functools.partial(loss, impl), argnums=(0, 1, 2, 3),

@@ -1,6 +1,7 @@
-"""`model.attention_impl="auto"`: which path each backend takes, and that the model on the
-kernel path (TPU splash, run in Pallas interpret mode on CPU) gives the explicit form's loss
-and gradients, while diagnostics still read the attention probabilities."""
+"""`model.attention_impl="auto"`: which path each backend takes, and that the fast model on the
+kernel path (a TPU's plan: splash, run in Pallas interpret mode on CPU) gives the explicit
+reference form's loss and gradients, while diagnostics still read the attention
+probabilities."""
 import functools
 
 import jax
@@ -10,7 +11,8 @@ import optax
 import pytest
 
 from conftest import tiny_config
-from simplified_flax.model import attention_kernels
+from simplified_flax import fast
+from simplified_flax.fast import attention_kernels
 from simplified_flax.model import transformer
 
 T = attention_kernels.SPLASH_BLOCK   # the splash kernel's smallest sequence
@@ -30,21 +32,15 @@ def test_auto_takes_each_backends_fastest_exact_path():
     assert resolve(asked, dtype=jnp.float32, backend="tpu") == asked
 
 
-@pytest.fixture(name="on_tpu_kernels")
-def fixture_on_tpu_kernels(monkeypatch):
-  """"auto" resolves to the fused path and its attention runs the splash kernel (interpret)."""
-  monkeypatch.setitem(attention_kernels.AUTO_IMPL, "cpu", "fused")
-  monkeypatch.setattr(attention_kernels, "dot_product_attention", functools.partial(
-      attention_kernels.dot_product_attention, backend="tpu", interpret=True))
-
-
 @pytest.mark.parametrize("variant", ["preln", "sas_p"])
-def test_auto_on_the_kernel_path_equals_explicit(on_tpu_kernels, variant):
-  del on_tpu_kernels
+def test_auto_on_the_kernel_path_equals_explicit(variant):
   toks = jax.random.randint(jax.random.key(1), (2, T), 0, 61)
   model_explicit = transformer.build_model(tiny_config(variant, attention_impl="explicit",
                                                   context_length=T).model)
-  model_auto = transformer.build_model(tiny_config(variant, context_length=T).model)
+  # "auto" on a TPU: the fused path, its attention the splash kernel (interpreted).
+  model_auto = fast.build_model(tiny_config(variant, context_length=T).model, platform="tpu",
+                                interpret=True)
+  assert isinstance(model_auto, fast.Transformer) and model_auto.plan.attention_impl == "fused"
   assert model_auto.cfg.attention_impl == "auto"   # the default
   variables = model_explicit.init(jax.random.key(0), toks)
 

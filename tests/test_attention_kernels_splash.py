@@ -1,8 +1,8 @@
 """The TPU splash kernel under a multi-device jit mesh: `shard_map`ped over the batch (and, where
 the batch runs out, the heads), equal to the explicit form in outputs and gradients. Runs in a
 child process on 8 simulated CPU devices, the kernel in Pallas interpret mode; so are the
-causal combine's kernels (model/combine_kernel.py, the GPU's and the TPU's), with the batch and
-the heads split."""
+causal combine's kernels (fast/combine_kernel.py, the GPU's and the TPU's), with the batch and
+the heads split. Each case runs `fast.attention.shaped_attention` under an explicit plan."""
 import json
 import subprocess
 import sys
@@ -10,28 +10,34 @@ import sys
 import jax
 import numpy as np
 
-from simplified_flax.model import attention_kernels
+from simplified_flax.fast import attention_kernels
 from test_loop import REPO, subprocess_env
 
 SCRIPT = r"""
-import functools, json
+import json
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-from simplified_flax.model import attention, attention_kernels, combine_kernel, grad_rules
-from simplified_flax.model import target_platform
+from simplified_flax.fast import attention as fast_attention
+from simplified_flax.fast import grad_rules
+from simplified_flax.fast.plan import Plan
 from simplified_flax.training import placement
 
-attention_kernels.dot_product_attention = functools.partial(
-    attention_kernels.dot_product_attention, backend="tpu", interpret=True)
 T, H, DH = 128, 2, 8
 GAINS = dict(resid_gain=jnp.array([1.0, 0.5]), skip_gain=jnp.array([0.3, 1.0]),
              centre_gain=jnp.array([0.9, 0.2]))
 mesh = placement.make_mesh(fsdp=2)   # ("data": 4, "fsdp": 2)
+# A TPU's plan without rules: the splash kernel (interpreted) and XLA's combine.
+SPLASH = Plan("tpu", frozenset(), "fused", interpret=True)
+# Every rule on a GPU's plan, interpreted: XLA's A v (float32) and the GPU's combine kernels.
+GPU_COMBINE = Plan("gpu", frozenset(grad_rules.AUTO_PLATFORM), "fused", interpret=True)
+# "auto" on a TPU, interpreted: the splash kernel and the TPU's own combine kernels.
+TPU_COMBINE = Plan("tpu", frozenset(rule for rule, platforms in grad_rules.AUTO_PLATFORM.items()
+                                    if "tpu" in platforms), "fused", interpret=True)
 
-def step(impl, causal):
+def step(plan, impl, causal):
   def value_and_grad(gains, batch, axis_name=None):
     def loss(gains, q, k, v):
-      out = attention.shaped_attention(q, k, v, causal=causal, impl=impl, **gains)
+      out = fast_attention.shaped_attention(plan, q, k, v, causal=causal, impl=impl, **gains)
       return jnp.sum(jnp.sin(out))
     return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(gains, *batch)
   return value_and_grad
@@ -46,37 +52,31 @@ jit_placement = placement.JitPlacement(8, mesh)
 batch = jax.device_put(qkv(8), placement.batch_sharding(mesh))
 abstract = jax.eval_shape(lambda: GAINS)
 for causal in (True, False):
-  run = lambda impl: jit_placement.compile_step(step(impl, causal), abstract,
+  run = lambda impl: jit_placement.compile_step(step(SPLASH, impl, causal), abstract,
                                                 returns_state=False)(GAINS, batch)
   out[f"rows_causal{causal}"] = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
                                               run("fused"), run("explicit"))
 with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-  out["jaxpr_has_shard_map"] = "shard_map" in str(jax.make_jaxpr(step("fused", True))(
+  out["jaxpr_has_shard_map"] = "shard_map" in str(jax.make_jaxpr(step(SPLASH, "fused", True))(
       GAINS, batch))
 # 4 rows: the batch splits over "data", the heads over "fsdp".
 batch = jax.device_put(qkv(4), NamedSharding(mesh, P("data")))
-def under_mesh(impl):
+def under_mesh(plan, impl):
   def f(gains, batch):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      return step(impl, True)(gains, batch)
+      return step(plan, impl, True)(gains, batch)
   return jax.jit(f)(GAINS, batch)
-out["heads"] = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
-                            under_mesh("fused"), under_mesh("explicit"))
-# The causal combine's kernels (grad_rules "on", interpreted here), split over the heads too.
-with grad_rules.chosen("on"):
-  out["heads_combine_kernels"] = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
-                                              under_mesh("fused"), under_mesh("explicit"))
-  out["jaxpr_has_combine_kernels"] = "pallas_call" in str(jax.make_jaxpr(step("fused", True))(
-      GAINS, batch))
+differences = lambda plan: jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
+                                        under_mesh(plan, "fused"), under_mesh(plan, "explicit"))
+out["heads"] = differences(SPLASH)
+# The causal combine's kernels (the GPU's, interpreted here), split over the heads too.
+out["heads_combine_kernels"] = differences(GPU_COMBINE)
+out["jaxpr_has_combine_kernels"] = "pallas_call" in str(
+    jax.make_jaxpr(step(GPU_COMBINE, "fused", True))(GAINS, batch))
 # The TPU's own combine kernels (what "auto" takes when compiling for a TPU), interpreted.
-mosaic = combine_kernel.causal_combine
-combine_kernel.causal_combine = lambda *args, **kwargs: mosaic(
-    *args[:6], True, *args[7:], **kwargs)
-with target_platform.compiling_for("tpu"):
-  out["heads_tpu_combine_kernels"] = jax.tree.map(
-      lambda a, b: float(jnp.max(jnp.abs(a - b))), under_mesh("fused"), under_mesh("explicit"))
-  out["jaxpr_has_tpu_combine_kernels"] = "shaped_combine_backward" in str(
-      jax.make_jaxpr(step("fused", True))(GAINS, batch))
+out["heads_tpu_combine_kernels"] = differences(TPU_COMBINE)
+out["jaxpr_has_tpu_combine_kernels"] = "shaped_combine_backward" in str(
+    jax.make_jaxpr(step(TPU_COMBINE, "fused", True))(GAINS, batch))
 print("RESULT " + json.dumps(out))
 """
 
@@ -90,7 +90,7 @@ def test_mesh_split_gives_axes_to_the_batch_then_the_heads():
 
 
 def test_tokens_per_device_divides_by_the_axes_that_split_the_batch():
-  """What the attention sub-block reads to choose its q/k form (block.py): off a mesh every
+  """What the attention sub-block reads to choose its q/k form (fast/block.py): off a mesh every
   token; under one, the batch's share as `mesh_split` gives it (not the heads')."""
   assert attention_kernels.tokens_per_device(8, 128, 2) == 1024
   mesh = jax.sharding.AbstractMesh((4, 2), ("data", "fsdp"),

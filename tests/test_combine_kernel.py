@@ -1,5 +1,5 @@
-"""The causal combine's Pallas kernels (`model/combine_kernel.py` for GPUs,
-`model/combine_kernel_tpu.py` for TPUs; the `combine` rule of `model.grad_rules`), run in
+"""The causal combine's Pallas kernels (`fast/combine_kernel.py` for GPUs,
+`fast/combine_kernel_tpu.py` for TPUs; the `combine` rule of `fast.grad_rules`), run in
 interpret mode on the CPU: values and every gradient as the XLA form of Eq. (6), to float32
 round-off (bfloat16: one rounding of the result)."""
 import functools
@@ -9,10 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from simplified_flax.fast import attention as fast_attention
+from simplified_flax.fast import combine_kernel
+from simplified_flax.fast import combine_kernel_tpu
+from simplified_flax.fast import grad_rules
+from simplified_flax.fast.plan import Plan
 from simplified_flax.model import attention
-from simplified_flax.model import combine_kernel
-from simplified_flax.model import combine_kernel_tpu
-from simplified_flax.model import grad_rules
 
 B = 2
 
@@ -101,15 +103,17 @@ def test_the_tpu_kernels_take_whole_lanes_of_heads_and_chunks_of_128_times():
 def test_shaped_attention_takes_the_kernels_only_for_the_plain_causal_mean_under_the_rule():
   q = k = v = jnp.ones((1, 32, 2, 8))
   gains = dict(resid_gain=1.0, skip_gain=jnp.array([0.5, 1.0]), centre_gain=1.0)
-  with grad_rules.chosen("on"):
-    on = str(jax.make_jaxpr(lambda q, k, v: attention.shaped_attention(
-        q, k, v, impl="fused", causal=True, **gains))(q, k, v))
-    padded = str(jax.make_jaxpr(lambda q, k, v: attention.shaped_attention(
-        q, k, v, impl="fused", causal=True, key_mask=jnp.ones((1, 32), bool), **gains))(q, k, v))
-  with grad_rules.chosen("off"):
-    off = str(jax.make_jaxpr(lambda q, k, v: attention.shaped_attention(
-        q, k, v, impl="fused", causal=True, **gains))(q, k, v))
+  every_rule = Plan("cpu", frozenset(grad_rules.AUTO_PLATFORM), "fused")   # "on" on a CPU
+  no_combine = Plan("cpu", frozenset(grad_rules.AUTO_PLATFORM) - {"combine"}, "fused")
+  jaxpr = lambda plan, **kw: str(jax.make_jaxpr(lambda q, k, v: fast_attention.shaped_attention(
+      plan, q, k, v, impl="fused", causal=True, **gains, **kw))(q, k, v))
+  on = jaxpr(every_rule)
+  padded = jaxpr(every_rule, key_mask=jnp.ones((1, 32), bool))
+  off = jaxpr(no_combine)
+  reference = str(jax.make_jaxpr(lambda q, k, v: attention.shaped_attention(
+      q, k, v, impl="fused", causal=True, **gains))(q, k, v))
   assert "pallas_call" in on and "pallas_call" not in padded and "pallas_call" not in off
+  assert "pallas_call" not in reference
   supported = lambda *shape: combine_kernel.supported(jnp.ones(shape), min_programs=1)
   assert supported(1, 96, 2, 8) and supported(1, 16, 2, 8)
   assert not supported(1, 24, 2, 8)    # no chunk divides 24

@@ -15,12 +15,11 @@ import pytest
 from simplified_flax.aot import hlo_costs
 from simplified_flax.aot import programs
 from simplified_flax.aot import report
+from simplified_flax import fast
 from simplified_flax.aot import targets
-from simplified_flax.model import attention_kernels
-from simplified_flax.model import block
-from simplified_flax.model import grad_rules
-from simplified_flax.model import relu_matmul_kernel
-from simplified_flax.model import target_platform
+from simplified_flax.fast import block as fast_block
+from simplified_flax.fast import relu_matmul_kernel
+from simplified_flax.fast import target_platform
 from test_loop import REPO, subprocess_env
 
 pytestmark = pytest.mark.aot
@@ -63,13 +62,13 @@ def test_a_tpu_program_compiled_on_a_cpu_host_holds_splash_under_shard_map(tpu_s
   assert len(tpu_steps.devices) == 4 and tpu_steps.devices[0].platform == "tpu"
   # The batch is split over the 4 chips: each runs the kernel on its own 2 rows.
   assert "bf16[2,2,128,32]" in hlo or "bf16[2,128,2,32]" in hlo
-  # SAS-P's causal combine: the TPU's own Mosaic kernels (combine_kernel_tpu.py), each way.
+  # SAS-P's causal combine: the TPU's own Mosaic kernels (fast/combine_kernel_tpu.py), each way.
   assert "shaped_combine_forward" in hlo and "shaped_combine_backward" in hlo
 
 
 def test_the_tied_embedding_gradient_is_all_reduced_once(tpu_steps):
   """The lookup's and the head's float32 [V, D] gradients are added on each chip and summed
-  over the data axis in one all-reduce (model/layers.py, `embedding_lookup`), not reduced,
+  over the data axis in one all-reduce (fast/layers.py, `embedding_lookup`), not reduced,
   scattered into and reduced again."""
   table = f"f32[{TINY['model.vocab_size']},{TINY['model.n_embd']}]"
   results = [found.group(1) for found in re.finditer(r"= (.*) all-reduce(?:-start)?\(",
@@ -78,7 +77,7 @@ def test_the_tied_embedding_gradient_is_all_reduced_once(tpu_steps):
 
 
 def test_the_lookups_gradient_is_scattered_into_the_heads_in_place(tpu_steps):
-  """Through each chip's copy of the table (layers.table_copies), the lookup's rows are
+  """Through each chip's copy of the table (fast.layers.table_copies), the lookup's rows are
   scatter-added into the head's partial gradient, not into a zeroed [V, D] table first."""
   program = hlo_costs.parse(tpu_steps.train.as_text())
   table = f"f32[{TINY['model.vocab_size']},{TINY['model.n_embd']}]"
@@ -116,12 +115,12 @@ def test_a_gpu_program_calls_cudnn_attention(gpu_steps):
 def test_a_gpu_program_makes_q_and_k_apart_where_each_device_has_the_tokens(
     gpu_steps, monkeypatch, min_tokens):
   """grad_rules' split rule on a GPU, for the tiny step's 1,024 tokens a device: under
-  `block.SEPARATE_QK_MIN_TOKENS` (4,096), the one GEMM's halves, whose backward concatenates
+  `fast.block.SEPARATE_QK_MIN_TOKENS` (4,096), the one GEMM's halves, whose backward concatenates
   dq and dk (once); with the threshold at 1,024, a GEMM each, forward and for the input's
   gradient, and a backward that neither concatenates them nor sums them for the bias."""
   steps = gpu_steps
   if min_tokens:
-    monkeypatch.setattr(block, "SEPARATE_QK_MIN_TOKENS", min_tokens)
+    monkeypatch.setattr(fast_block, "SEPARATE_QK_MIN_TOKENS", min_tokens)
     steps = programs.compile_for(_tiny(), targets.parse("h100"))
   kernels = [k for k in hlo_costs.parse(steps.train.as_text()).kernels.values()
              if "/h_0/attn/c_attn/" in k.op_name]
@@ -159,7 +158,7 @@ def test_the_combine_kernels_compile_for_a_gpu_as_triton_calls():
   block's addend, through XLA:GPU's Triton compiler for an H100 (a tiny model has too few
   (sequence, head) programs to take them)."""
   _needs("gpu")
-  from simplified_flax.model import combine_kernel  # pylint: disable=import-outside-toplevel
+  from simplified_flax.fast import combine_kernel  # pylint: disable=import-outside-toplevel
   device = targets.topology_devices(targets.parse("h100"))[0]
   B, T, H, d = combine_kernel.MIN_PROGRAMS // 2, 64, 2, 16
   spec = lambda *shape: jax.ShapeDtypeStruct(
@@ -195,9 +194,9 @@ def test_the_json_report_has_every_key_and_consistent_figures(tpu_steps, gpu_ste
   tpu = report.summarize(tpu_steps, tpu_steps.config)
   gpu = report.summarize(gpu_steps, gpu_steps.config)
   # Same model and batch: a v5e chip holds a quarter of the rows, and of the FLOPs, plus the
-  # TPU form's prefix-sum matmuls (attention.causal_prefix_sums: at most three passes of
+  # TPU form's prefix-sum matmuls (fast.attention.causal_prefix_sums: at most three passes of
   # 2 B T c D per layer, forward and backward; 15% of this tiny model's FLOPs, 0.5% at D=768).
-  from simplified_flax.model import attention  # pylint: disable=import-outside-toplevel
+  from simplified_flax.fast import attention  # pylint: disable=import-outside-toplevel
   prefix = 3 * 2 * TINY["batch_size"] * TINY["model.context_length"] * attention.PREFIX_CHUNK \
       * TINY["model.n_embd"] * TINY["model.n_layer"]
   assert 0.95 * gpu["flops_per_device"] <= tpu["flops_per_device"] * 4 \
@@ -223,15 +222,22 @@ def test_a_program_without_an_attention_kernel_says_why(platform, overrides, say
 
 
 def test_choices_follow_the_platform_compiled_for_not_the_host():
+  """The model a step builds when it is traced (`fast.build_model`, as `fast.ModelApply` calls
+  it) follows the platform compiled for: "auto"'s attention form and the rules of its plan."""
+  model_config = _tiny().model
+  assert model_config.attention_impl == "auto"
+  plan = lambda dtype: fast.build_model(model_config, dtype).plan
   with target_platform.compiling_for("tpu"):
-    assert attention_kernels.resolve_impl("auto", dtype="float32") == "fused"
-    assert not grad_rules.enabled()
+    assert plan("float32").platform == "tpu"
+    assert plan("float32").attention_impl == "fused"
+    assert not plan("float32").applies("dense")
   with target_platform.compiling_for("gpu"):
-    assert attention_kernels.resolve_impl("auto", dtype="bfloat16") == "fused"
-    assert attention_kernels.resolve_impl("auto", dtype="float32") == "explicit"
+    assert plan("bfloat16").attention_impl == "fused"
+    assert plan("float32").attention_impl == "explicit"
   assert target_platform.current() == "cpu"
-  assert attention_kernels.resolve_impl("auto", dtype="float32") == "explicit"
-  assert grad_rules.enabled()
+  assert plan("float32").platform == "cpu"
+  assert plan("float32").attention_impl == "explicit"
+  assert plan("float32").applies("dense")
 
 
 def test_an_explicit_step_for_one_v5e_chip_compiles():

@@ -8,7 +8,7 @@ from test_loop import REPO
 
 sys.path.insert(0, str(REPO))
 from simplified_flax.aot import hlo_costs
-from simplified_flax.model import relu_matmul_kernel
+from simplified_flax.fast import relu_matmul_kernel
 
 
 def test_hlo_costs_count_matmuls_and_loop_trips():

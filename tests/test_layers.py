@@ -1,5 +1,6 @@
-"""The linear layers, whose gradients are hand-written for speed under `model.grad_rules`, keep
-plain nn.Dense's values and gradients."""
+"""The linear layers keep plain nn.Dense's values and gradients: the reference's
+(`model/layers.py`) and the speed package's, whose gradients are hand-written under the rules of
+`fast.grad_rules` (`fast/layers.py`, under a plan with every rule)."""
 import flax.linen as nn
 import jax
 import jax.flatten_util
@@ -7,19 +8,26 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simplified_flax.model import grad_rules
+from simplified_flax.fast import grad_rules
+from simplified_flax.fast import layers as fast_layers
+from simplified_flax.fast.plan import Plan
 from simplified_flax.model import layers
 
+EVERY_RULE = Plan("cpu", frozenset(grad_rules.AUTO_PLATFORM), "explicit")   # "on" on a CPU
 
+
+def _dense(plan, features, dtype, name, **kwargs):
+  """The reference's linear layer (`plan` None), else the speed package's under `plan`."""
+  if plan is None:
+    return layers.dense(features, dtype, name, **kwargs)
+  return fast_layers.dense(plan, features, dtype, name, **kwargs)
+
+
+@pytest.mark.parametrize("plan", [None, EVERY_RULE], ids=["reference", "every_rule"])
 @pytest.mark.parametrize("use_bias", [False, True])
-def test_linear_matches_nn_dense_params_values_and_gradients(use_bias):
-  with grad_rules.chosen("on"):
-    _check_linear_matches_nn_dense(use_bias)
-
-
-def _check_linear_matches_nn_dense(use_bias):
+def test_linear_matches_nn_dense_params_values_and_gradients(use_bias, plan):
   x_BTD = jax.random.normal(jax.random.key(0), (2, 5, 8))
-  ours = layers.dense(12, jnp.float32, "ours", use_bias=use_bias)
+  ours = _dense(plan, 12, jnp.float32, "ours", use_bias=use_bias)
   theirs = nn.Dense(12, use_bias=use_bias, kernel_init=layers.normal_init(layers.PLAIN_STD))
   params = ours.init(jax.random.key(1), x_BTD)
   assert jax.tree.map(jnp.shape, params) == jax.tree.map(
@@ -42,13 +50,13 @@ def _check_linear_matches_nn_dense(use_bias):
         rtol=1e-5, atol=1e-6)
 
 
-def test_linear_in_bfloat16_keeps_float32_kernel_gradients():
+@pytest.mark.parametrize("plan", [None, EVERY_RULE], ids=["reference", "every_rule"])
+def test_linear_in_bfloat16_keeps_float32_kernel_gradients(plan):
   x_BTD = jax.random.normal(jax.random.key(0), (2, 5, 8))
-  module = layers.dense(4, jnp.bfloat16, "ours")
+  module = _dense(plan, 4, jnp.bfloat16, "ours")
   params = module.init(jax.random.key(1), x_BTD)
-  with grad_rules.chosen("on"):
-    assert module.apply(params, x_BTD).dtype == jnp.bfloat16
-    grads = jax.grad(lambda p: jnp.sum(module.apply(p, x_BTD).astype(jnp.float32)))(params)
+  assert module.apply(params, x_BTD).dtype == jnp.bfloat16
+  grads = jax.grad(lambda p: jnp.sum(module.apply(p, x_BTD).astype(jnp.float32)))(params)
   assert grads["params"]["kernel"].dtype == jnp.float32
   np.testing.assert_allclose(grads["params"]["kernel"],
                              jnp.broadcast_to(x_BTD.sum((0, 1))[:, None], (8, 4)), rtol=2e-2)

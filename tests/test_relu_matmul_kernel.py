@@ -1,5 +1,5 @@
-"""The MLP's ReLU derivative inside its input-gradient GEMM (`model/relu_matmul_kernel.py`; the
-`relu_matmul` rule of `model.grad_rules`), run in interpret mode on the CPU: the value and both
+"""The MLP's ReLU derivative inside its input-gradient GEMM (`fast/relu_matmul_kernel.py`; the
+`relu_matmul` rule of `fast.grad_rules`), run in interpret mode on the CPU: the value and both
 gradients are autodiff's of `leaky_relu(h, 0) @ W`, to float32 round-off of the sum's order."""
 import jax
 import jax.numpy as jnp
@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from simplified_flax.model import grad_rules
+from simplified_flax.fast import grad_rules
+from simplified_flax.fast import mlp as fast_mlp
+from simplified_flax.fast import plan as plan_lib
+from simplified_flax.fast import relu_matmul_kernel
 from simplified_flax.model import mlp
 from simplified_flax.model import quantize
-from simplified_flax.model import relu_matmul_kernel
-from simplified_flax.model import target_platform
 
 
 def _inputs(dtype, B=2, T=96, F=192, D=96):
@@ -62,24 +63,31 @@ def test_the_kernel_takes_shapes_its_tiles_divide_and_on_a_gpu_half_precision():
   assert not supported(spec(32, 64), spec(64, 32))            # rows not [B, T]
 
 
-def _mlp_grad_jaxpr(mode: str, **model_overrides) -> str:
-  """The jaxpr of the MLP's gradient, traced under the rules' `mode` (as `Transformer` does)."""
+# "on" on a CPU: every rule, the GPU's kernels interpreted.
+EVERY_RULE = plan_lib.Plan("cpu", frozenset(grad_rules.AUTO_PLATFORM), "explicit")
+
+
+def _mlp_grad_jaxpr(plan, **model_overrides) -> str:
+  """The jaxpr of the MLP's gradient: the fast MLP under `plan`, or the reference MLP where
+  `plan` is None (the rules "off")."""
   config = tiny_config("preln", **model_overrides)
-  mlp_module = mlp.MLP(config.model)
+  mlp_module = (mlp.MLP(config.model) if plan is None
+                else fast_mlp.MLP(config.model, plan))
   x_BTD = jnp.ones((2, 16, config.model.n_embd))
   variables = mlp_module.init(jax.random.key(0), x_BTD)
-  with grad_rules.chosen(mode):
-    return str(jax.make_jaxpr(jax.grad(lambda v: mlp_module.apply(v, x_BTD).sum()))(variables))
+  return str(jax.make_jaxpr(jax.grad(lambda v: mlp_module.apply(v, x_BTD).sum()))(variables))
 
 
 def test_the_mlp_takes_the_kernel_only_under_the_rule_at_slope_0_without_quantisation():
-  assert relu_matmul_kernel.NAME in _mlp_grad_jaxpr("on")
-  assert relu_matmul_kernel.NAME not in _mlp_grad_jaxpr("off")
-  assert relu_matmul_kernel.NAME not in _mlp_grad_jaxpr("on", lrelu_neg_slope=0.1)
+  assert relu_matmul_kernel.NAME in _mlp_grad_jaxpr(EVERY_RULE)
+  assert relu_matmul_kernel.NAME not in _mlp_grad_jaxpr(None)
+  without_rule = plan_lib.Plan("cpu", EVERY_RULE.rules - {"relu_matmul"}, "explicit")
+  assert relu_matmul_kernel.NAME not in _mlp_grad_jaxpr(without_rule)
+  assert relu_matmul_kernel.NAME not in _mlp_grad_jaxpr(EVERY_RULE, lrelu_neg_slope=0.1)
   with quantize.applied("a8"):
-    assert relu_matmul_kernel.NAME not in _mlp_grad_jaxpr("on")
-  with grad_rules.chosen("auto"), target_platform.compiling_for("gpu"):
-    assert grad_rules.enabled("relu_matmul")
+    assert relu_matmul_kernel.NAME not in _mlp_grad_jaxpr(EVERY_RULE)
+  model_config = tiny_config("preln", grad_rules="auto").model
+  auto = lambda platform: plan_lib.choose(model_config, dtype=jnp.bfloat16, platform=platform)
+  assert auto("gpu").applies("relu_matmul")
   for platform in ("cpu", "tpu"):
-    with grad_rules.chosen("auto"), target_platform.compiling_for(platform):
-      assert not grad_rules.enabled("relu_matmul")
+    assert not auto(platform).applies("relu_matmul")

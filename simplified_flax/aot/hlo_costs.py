@@ -29,7 +29,7 @@ Counting rules (XLA's own cost-analysis conventions, applied per instruction):
     the library may leave untouched, and counting it as result elements would inflate a
     weight-gradient GEMM's FLOPs several times over.
   * A Pallas GEMM (a custom call under a name scope starting `pallas_gemm`, e.g.
-    `model.relu_matmul_kernel`'s) is a matmul: its first operand is the [M, K] input and its
+    `fast.relu_matmul_kernel`'s) is a matmul: its first operand is the [M, K] input and its
     result [M, N], so 2 * M * N * K FLOPs. A Triton call carries no cost of its own; any
     other Pallas kernel counts none.
   * An in-place update (a `dynamic-update-slice` or a `scatter`, or a fusion whose root is

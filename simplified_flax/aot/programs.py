@@ -6,7 +6,7 @@
 What is compiled is what `train` compiles: the same config checks (over the target's device
 count), `Placement` (mesh and state shardings), train state and `loop.compile_steps`; only the
 devices differ, and the state and batch are shapes (nothing is initialised or run). Every
-hardware choice of the model follows the target's platform (model/target_platform.py), so a
+hardware choice of the model follows the target's platform (fast/target_platform.py), so a
 TPU program holds splash attention and an NVIDIA one cuDNN's, whatever this host is.
 """
 import dataclasses
