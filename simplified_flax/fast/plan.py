@@ -108,6 +108,11 @@ class Plan:
     return rule in self.rules
 
 
+def unclassified(model_config) -> list[str]:
+  """The fields of `model_config` in neither VERIFIED nor IGNORED, in the config's order."""
+  return [field for field in model_config.keys() if field not in VERIFIED and field not in IGNORED]
+
+
 def unverified(model_config) -> Optional[str]:
   """One line naming the first field (in the config's order) whose value the speed paths were
   not verified on, or that is not classified at all; None when every field is verified."""
@@ -115,7 +120,7 @@ def unverified(model_config) -> Optional[str]:
     if field in IGNORED:
       continue
     check = VERIFIED.get(field)
-    if check is None:
+    if check is None:   # unclassified
       return (f"model.{field} is new to the speed package (simplified_flax/fast/plan.py); "
               f"verify it and add it to VERIFIED or IGNORED there to run the fast path")
     if not check(value):

@@ -1,0 +1,198 @@
+"""The speed package held to the reference model: every config file of configs/ (listed, never typed),
+under each platform's plan (the CPU's; the GPU's and TPU's with their Pallas kernels in interpret
+mode), in both attention forms, has the reference's parameter tree and its loss and gradients
+(float32; bfloat16 on a subset). Where a config's values are not verified the plan is None
+and the fast model is the reference itself, which these tests check too.
+
+Tolerances: the rules and kernels change the order of sums, never their terms, so each
+gradient leaf may differ by round-off relative to its own largest entry, plus round-off of
+the terms it sums (a scalar gain's gradient is a sum over every token and feature that
+cancels): a small fraction of the model's largest gradient. float32: that round-off;
+bfloat16: about one rounding step of the compute dtype.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import ALL_CONFIGS, tiny_config
+from simplified_flax import fast
+from simplified_flax.fast import grad_rules
+from simplified_flax.fast import plan as plan_lib
+from simplified_flax.model import transformer
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+FORMS = ("explicit", "fused")
+BATCH, SEQ = 2, 16
+# The TPU's combine kernels and its chunked prefix sums take T % 128 == 0: its fused form runs
+# at this length where they apply (centred decoders). Elsewhere the TPU's fused form has no
+# kernel of its own at T=16 but splash, which tests/test_attention_kernels*.py check.
+TPU_KERNEL_SEQ = 128
+BFLOAT16_CONFIGS = ("preln", "sas", "sas_p", "op")
+# (loss rtol, gradient rtol of a leaf's largest entry, of the model's largest gradient)
+TOLERANCE = {"float32": (2e-5, 2e-5, 1e-6), "bfloat16": (2e-2, 8e-2, 8e-3)}
+
+
+def _seq_len(config, platform: str, form: str) -> int:
+  m = config.model
+  tpu_kernels = m.centre_attn and m.kind == "decoder" and (platform, form) == ("tpu", "fused")
+  return TPU_KERNEL_SEQ if tpu_kernels else SEQ
+
+
+def _config(name: str, form: str, seq_len: int = SEQ):
+  return tiny_config(name, attention_impl=form, context_length=seq_len)
+
+
+def _batch(config):
+  """Tokens [B, T] and, for an encoder, a padding mask with one short row."""
+  T = config.model.context_length
+  tokens_BT = jax.random.randint(jax.random.key(0), (BATCH, T), 0, config.model.vocab_size)
+  if config.model.kind == "decoder":
+    return tokens_BT, {}
+  return tokens_BT, {"key_mask": jnp.arange(T)[None, :] < jnp.array([[T], [T - 5]])}
+
+
+def _loss_and_grads(model, variables, tokens_BT, kwargs):
+  """Mean next-token cross-entropy and its gradients w.r.t. the parameters (one compile)."""
+  def loss(params):
+    logits_BTV = model.apply({**variables, "params": params}, tokens_BT, **kwargs)
+    logp_BTV = jax.nn.log_softmax(logits_BTV[:, :-1].astype(jnp.float32))
+    return -jnp.mean(jnp.take_along_axis(logp_BTV, tokens_BT[:, 1:, None], axis=-1))
+  return jax.jit(jax.value_and_grad(loss))(variables["params"])
+
+
+def _init(model, tokens_BT, kwargs):
+  return jax.jit(lambda key: model.init(key, tokens_BT, **kwargs))(jax.random.key(1))
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(name: str, form: str, seq_len: int, dtype: str):
+  config = _config(name, form, seq_len)
+  tokens_BT, kwargs = _batch(config)
+  model = transformer.build_model(config.model, dtype)
+  variables = _init(model, tokens_BT, kwargs)
+  return variables, _loss_and_grads(model, variables, tokens_BT, kwargs)
+
+
+def _check_against_reference(name: str, platform: str, form: str, dtype: str,
+                             compare_init: bool = False):
+  """The fast model of `name` under `platform`'s plan against the reference: the same
+  parameter tree (and, with `compare_init`, the same initial values), loss and gradients."""
+  seq_len = _seq_len(_config(name, form), platform, form)
+  config = _config(name, form, seq_len)
+  tokens_BT, kwargs = _batch(config)
+  variables, (ref_loss, ref_grads) = _reference(name, form, seq_len, dtype)
+  model = fast.build_model(config.model, dtype, platform=platform, interpret=platform != "cpu")
+  where = f"{name} on the {platform} plan, {form} form, {dtype}"
+  # Same parameters under the same names: a checkpoint moves between the two.
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(1), tokens_BT, **kwargs))
+  assert jax.tree.structure(shapes) == jax.tree.structure(variables), where
+  if compare_init:
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, _init(model, tokens_BT, kwargs),
+                                            variables))), where
+  loss, grads = _loss_and_grads(model, variables, tokens_BT, kwargs)
+  loss_rtol, leaf_rtol, model_rtol = TOLERANCE[dtype]
+  np.testing.assert_allclose(loss, ref_loss, rtol=loss_rtol, err_msg=where)
+  assert jax.tree.structure(grads) == jax.tree.structure(ref_grads), where
+  largest = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(ref_grads))
+  for (path, ref_g), g in zip(jax.tree_util.tree_flatten_with_path(ref_grads)[0],
+                              jax.tree.leaves(grads)):
+    atol = leaf_rtol * float(jnp.max(jnp.abs(ref_g))) + model_rtol * largest
+    np.testing.assert_allclose(g, ref_g, rtol=0, atol=atol,
+                               err_msg=f"{where}: {jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_the_fast_model_equals_the_reference_on_every_plan_in_both_forms(name):
+  """One test per config file (the reference is then made once per form, on one worker)."""
+  for form in FORMS:
+    for platform in PLATFORMS:
+      _check_against_reference(name, platform, form, "float32",
+                               compare_init=(form, platform) == ("explicit", "cpu"))
+
+
+@pytest.mark.parametrize("name", BFLOAT16_CONFIGS)
+def test_the_fast_model_equals_the_reference_in_bfloat16(name):
+  for platform in ("gpu", "tpu"):
+    _check_against_reference(name, platform, "fused", "bfloat16")
+
+
+def test_the_matrix_runs_the_kernels_and_rules_it_claims_to_check():
+  """The shapes above take every kernel: otherwise the matrix would compare the reference
+  with itself. Counted in the jaxprs of the fused forms of SAS-P (parallel) and SAS."""
+  def pallas_calls(name, platform):
+    config = _config(name, "fused", _seq_len(_config(name, "fused"), platform, "fused"))
+    tokens_BT, _ = _batch(config)
+    model = fast.build_model(config.model, platform=platform, interpret=True)
+    variables = model.init(jax.random.key(1), tokens_BT)
+    grad = jax.grad(lambda p: jnp.sum(model.apply({**variables, "params": p}, tokens_BT)))
+    return str(jax.make_jaxpr(grad)(variables["params"])).count("pallas_call")
+  # GPU: per layer the combine forward and backward, and relu_matmul's backward.
+  assert pallas_calls("sas_p", "gpu") >= 3 * 2
+  assert pallas_calls("sas", "gpu") >= 3 * 2
+  # TPU: the Mosaic combine forward and backward per layer.
+  assert pallas_calls("sas_p", "tpu") >= 2 * 2
+
+
+def test_every_model_field_is_verified_or_ignored_by_the_fast_path():
+  """A field added to configs/base.py must be classified in fast/plan.py before the fast path
+  runs for it: VERIFIED (with the values it was checked on) or IGNORED (it cannot change what
+  a block computes from its parameters)."""
+  base_fields = set(tiny_config("preln").model.keys())
+  assert plan_lib.unclassified(tiny_config("preln").model) == []
+  assert set(plan_lib.VERIFIED) | plan_lib.IGNORED <= base_fields, "a stale entry"
+  assert not set(plan_lib.VERIFIED) & plan_lib.IGNORED
+
+
+def test_an_unclassified_field_fails_the_classification_and_builds_the_reference(caplog):
+  config = tiny_config("sas_p")
+  config.model.centre_attn_temperature = 2.0   # a researcher's new knob
+  assert plan_lib.unclassified(config.model) == ["centre_attn_temperature"]
+  plan_lib.forget_logged_lines()
+  with caplog.at_level("WARNING"):
+    model = fast.build_model(config.model, platform="gpu", interpret=True)
+  assert type(model) is transformer.Transformer
+  assert caplog.text.count("model.centre_attn_temperature is new to the speed package") == 1
+
+
+def test_an_unverified_value_trains_on_the_reference_and_says_so_once(caplog):
+  """A throwaway config with a value nobody verified (post-norm): the train step runs the
+  reference model, with one log line naming the field and value, and its loss is the
+  reference model's."""
+  from simplified_flax.training import step  # pylint: disable=import-outside-toplevel
+  config = tiny_config("preln", norm_position="post")
+  config.batch_size = BATCH
+  state = step.create_train_state(config, jax.random.key(0))
+  tokens_BT = jax.random.randint(jax.random.key(2), (BATCH, SEQ), 0, config.model.vocab_size)
+  plan_lib.forget_logged_lines()
+  with caplog.at_level("WARNING"):
+    _, metrics = jax.jit(step.train_step)(state, {"inputs": tokens_BT})
+    jax.jit(step.eval_step)(state, {"inputs": tokens_BT})
+  lines = [r.getMessage() for r in caplog.records if "reference model" in r.getMessage()]
+  assert lines == ["Running the reference model: model.norm_position='post' was not verified "
+                   "for the fast path (verified: 'pre'); see docs/fast.md, 'Verifying a new "
+                   "setting'."]
+  reference = transformer.build_model(config.model)
+  sums = step._loss_sums(state.replace(apply_fn=reference.apply), state.params,  # pylint: disable=protected-access
+                         {"inputs": tokens_BT}, train=True, key=jax.random.key(0))
+  np.testing.assert_allclose(metrics["loss"], sums["loss_sum"] / sums["weight_sum"], rtol=1e-6)
+
+
+def test_off_is_the_reference_and_auto_applies_each_rule_on_its_platform():
+  config = tiny_config("sas_p")
+  config.model.grad_rules = "off"
+  assert fast.choose(config.model, dtype=jnp.float32, platform="gpu") is None
+  config.model.grad_rules = "auto"
+  for platform in PLATFORMS:
+    plan = fast.choose(config.model, dtype=jnp.float32, platform=platform)
+    assert plan.rules == {r for r, where in grad_rules.AUTO_PLATFORM.items() if platform in where}
+  config.model.grad_rules = "on,-relu_matmul,-combine"
+  plan = fast.choose(config.model, dtype=jnp.float32, platform="cpu")
+  assert plan.rules == set(grad_rules.AUTO_PLATFORM) - {"relu_matmul", "combine"}
+  # "auto" attention resolves per platform and dtype (attention_kernels.resolve_impl).
+  config.model.grad_rules = "auto"
+  assert fast.choose(config.model, dtype=jnp.bfloat16, platform="gpu").attention_impl == "fused"
+  assert fast.choose(config.model, dtype=jnp.float32, platform="gpu").attention_impl == "explicit"
+  assert fast.choose(config.model, dtype=jnp.float32, platform="cpu").attention_impl == "explicit"
