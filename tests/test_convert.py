@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 
 from conftest import DECODER_VARIANTS, tiny_config
 from simplified_flax.authors import config_map, dirs, params_map
-from simplified_flax.model import layer_stack
+from simplified_flax.model import scan_layout
 from simplified_flax.model.transformer import build_model
 from simplified_flax.runs import config_checks
 from simplified_flax.training.evaluation import load_config, restore_read_only
@@ -127,7 +127,7 @@ def _perturbed_params(config, seed=0):
 def _write_theirs(folder, config, params):
   m = config.model
   dirs.write_authors_dir(str(folder), config_map.authors_config(m),
-                         params_map.to_state_dict(layer_stack.unstack_layers(params, m), m))
+                         params_map.to_state_dict(scan_layout.unstack_layers(params, m), m))
 
 
 def _param_shapes(m):
@@ -242,7 +242,7 @@ def test_a_scanned_workdir_is_written_unrolled(tmp_path):
   unscanned = _tiny("preln", n_layer=3)
   _, _, params = _perturbed_params(unscanned)
   state = create_train_state(config, jax.random.PRNGKey(0))
-  state = state.replace(params=layer_stack.stack_layers(params, config.model))
+  state = state.replace(params=scan_layout.stack_layers(params, config.model))
   manager = checkpoints.make_manager(str(tmp_path / "work"), 1, 1, async_save=False)
   checkpoints.save(manager, 0, state, {}, config.to_dict(), {})
   manager.wait_until_finished()

@@ -196,3 +196,21 @@ def test_off_is_the_reference_and_auto_applies_each_rule_on_its_platform():
   assert fast.choose(config.model, dtype=jnp.bfloat16, platform="gpu").attention_impl == "fused"
   assert fast.choose(config.model, dtype=jnp.float32, platform="gpu").attention_impl == "explicit"
   assert fast.choose(config.model, dtype=jnp.float32, platform="cpu").attention_impl == "explicit"
+
+
+def test_the_reference_model_imports_no_speed_code_and_reads_no_platform():
+  """model/ is the papers' maths: no module of it imports simplified_flax.fast or asks JAX
+  which platform it runs on (the speed package decides that, once, for its plan)."""
+  import ast  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+  platform_reads = {"devices", "default_backend", "local_devices", "backend", "platform"}
+  model_dir = pathlib.Path(transformer.__file__).parent
+  for path in sorted(model_dir.glob("*.py")):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom):
+        assert not (node.module or "").startswith("simplified_flax.fast"), path.name
+      if isinstance(node, ast.Import):
+        assert not any(a.name.startswith("simplified_flax.fast") for a in node.names), path.name
+      if isinstance(node, ast.Attribute):
+        assert node.attr not in platform_reads, f"{path.name}:{node.lineno} reads .{node.attr}"

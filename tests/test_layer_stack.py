@@ -1,5 +1,5 @@
 """`model.scan_layers` / `model.remat` / `model.scan_residuals`: which layers one scan runs, and that the scanned model
-(weights converted with `layer_stack.stack_layers`) gives the unrolled model's losses,
+(weights converted with `scan_layout.stack_layers`) gives the unrolled model's losses,
 gradients, diagnostics and cached decoding."""
 import functools
 
@@ -12,6 +12,7 @@ import pytest
 from conftest import tiny_config
 from simplified_flax.model import decode
 from simplified_flax.model import layer_stack
+from simplified_flax.model import scan_layout
 from simplified_flax.model import transformer
 from simplified_flax.runs import checkpoints
 from simplified_flax.training import diagnostics
@@ -31,10 +32,10 @@ def test_the_scan_runs_the_layers_that_share_their_structure(variant, names):
   shapes = jax.eval_shape(model.init, jax.random.key(0), TOKENS_BT)["params"]
   assert [k for k in shapes if k.startswith("h_")] == names
   stacked = shapes[names[-1]]["attn"]["c_attn"]["kernel"]
-  assert stacked.shape == (len(layer_stack.layers_of(names[-1])), 32, 64)
+  assert stacked.shape == (len(scan_layout.layers_of(names[-1])), 32, 64)
   config.model.last_layer_proj_resid_gain = 0.5
-  assert layer_stack.scanned_layers(config.model) == range(1 if len(names) > 1 else 0, 17)
-  assert layer_stack.scanned_layers(tiny_config(variant, n_layer=18).model) is None  # off
+  assert scan_layout.scanned_layers(config.model) == range(1 if len(names) > 1 else 0, 17)
+  assert scan_layout.scanned_layers(tiny_config(variant, n_layer=18).model) is None  # off
 
 
 def _models(variant, **overrides):
@@ -45,7 +46,7 @@ def _models(variant, **overrides):
   rng = np.random.default_rng(0)
   variables = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape, np.float32),
                            variables)
-  scanned_params = layer_stack.stack_layers(variables["params"], scanned_config)
+  scanned_params = scan_layout.stack_layers(variables["params"], scanned_config)
   return unrolled, transformer.build_model(scanned_config), variables, scanned_params
 
 
@@ -67,7 +68,7 @@ def test_scanned_model_has_the_unrolled_losses_and_gradients(variant, remat, res
   (loss_u, grads_u), (loss_s, grads_s) = (grad(unrolled, variables["params"]),
                                           grad(scanned, scanned_params))
   np.testing.assert_allclose(loss_s, loss_u, rtol=1e-6)
-  grads_s = layer_stack.unstack_layers(grads_s, scanned.cfg)
+  grads_s = scan_layout.unstack_layers(grads_s, scanned.cfg)
   assert jax.tree.structure(grads_s) == jax.tree.structure(grads_u)
   for a, b in zip(jax.tree.leaves(grads_s), jax.tree.leaves(grads_u)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)

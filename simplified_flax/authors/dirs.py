@@ -152,7 +152,7 @@ def authors_from_workdir(workdir: str, out: str, step: int | None = None) -> Con
   # pylint: disable=import-outside-toplevel
   import jax
   from simplified_flax.data import tokenizers
-  from simplified_flax.model import layer_stack
+  from simplified_flax.model import scan_layout
   from simplified_flax.runs import config_checks
   from simplified_flax.training.evaluation import load_config, restore_read_only
   require_new_folder(out)
@@ -161,7 +161,7 @@ def authors_from_workdir(workdir: str, out: str, step: int | None = None) -> Con
   config_map.authors_config(config.model)   # a model they cannot express fails before reading
   params_map.layout(config.model)
   restored = restore_read_only(workdir, config, step=step)
-  params = layer_stack.unstack_layers(jax.device_get(restored.state.params), config.model)
+  params = scan_layout.unstack_layers(jax.device_get(restored.state.params), config.model)
   tensors = params_map.to_state_dict(params, config.model)
   write_authors_dir(out, config_map.authors_config(config.model, tokenizers.EOD_ID), tensors)
   notes = [f"step {restored.step} of {workdir}"]

@@ -66,8 +66,8 @@ class AttentionSubBlock(nn.Module):
     attn_args = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
                      logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
     if cache_index is not None:
-      out_BTHd = block.attend_cached(self, q_BTHd, k_BTHd, v_BTHd, attn_args, impl,
-                                     index_B=cache_index, lengths_B=lengths)
+      out_BTHd = kv_cache.attend(self, q_BTHd, k_BTHd, v_BTHd, attn_args, impl,
+                                 index_B=cache_index, lengths_B=lengths)
     else:
       explicit = impl == "explicit" and not with_sum_squares   # which alone can return A
       out_BTHd = fast_attention.shaped_attention(

@@ -1,9 +1,10 @@
 """The fast model: `transformer.Transformer` (the same parameters, under the same names) whose
 layers are `fast.block.Block` under one `Plan`, and whose token lookup is `shard_map`ped."""
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
+import jax
 
 from simplified_flax.fast import block as fast_block
 from simplified_flax.fast import layers as fast_layers
@@ -29,6 +30,24 @@ class Transformer(transformer.Transformer):
   @nn.nowrap
   def block_attributes(self) -> dict:
     return {"plan": self.plan}
+
+  @nn.nowrap
+  def remat_policy(self) -> Callable:
+    return keep_matmuls_and_kernels
+
+
+# The attention kernels' forward primitives (cuDNN's; splash and other Pallas kernels): a
+# scanned block keeps their outputs like a matmul's, so that the backward never runs the
+# forward kernel again.
+KERNEL_PRIMITIVES = frozenset({"dot_product_attention_fwd", "dot_product_attention_fwd_wrapper",
+                               "pallas_call"})
+
+
+def keep_matmuls_and_kernels(prim, *avals, **params) -> bool:
+  """The remat policy of scan_residuals="matmuls": keep an output of a matmul (any
+  dot_general, batched ones included: the explicit path's scores) or of an attention kernel."""
+  return (prim.name in KERNEL_PRIMITIVES
+          or jax.checkpoint_policies.checkpoint_dots(prim, *avals, **params))
 
 
 def build_model(model_config, dtype="float32", *, platform: str | None = None,

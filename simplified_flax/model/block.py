@@ -41,12 +41,6 @@ def attention_gains(module: nn.Module, m):
   return resid_H, skip_H, centre_H
 
 
-def reference_impl(requested: str) -> str:
-  """The attention form for `model.attention_impl`: "auto" is the explicit form here (the
-  speed package picks a platform's fastest exact form; simplified_flax/fast)."""
-  return "explicit" if requested == "auto" else requested
-
-
 class AttentionSubBlock(nn.Module):
   """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (Eqs. (3)-(7)), per
   head alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain. With
@@ -74,40 +68,20 @@ class AttentionSubBlock(nn.Module):
     resid_H, skip_H, centre_H = attention_gains(self, m)
     attn_args = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
                      logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
-    impl = reference_impl(m.attention_impl)
+    # "auto" is the explicit form here; the speed package picks a platform's fastest exact form.
+    impl = "explicit" if m.attention_impl == "auto" else m.attention_impl
     if cache_index is not None:
-      out_BTHd = attend_cached(self, q_BTHd, k_BTHd, v_BTHd, attn_args, impl,
-                               index_B=cache_index, lengths_B=lengths)
-    elif impl == "explicit":
-      out_BTHd, probs_BHTT = attention.shaped_attention(
-          q_BTHd, k_BTHd, v_BTHd, **attn_args, causal=self.causal, key_mask=key_mask,
-          segment_ids=segment_ids, impl=impl, return_probs=True)
-      self.sow("intermediates", "attn_probs", probs_BHTT)
-    else:
+      out_BTHd = kv_cache.attend(self, q_BTHd, k_BTHd, v_BTHd, attn_args, impl,
+                                 index_B=cache_index, lengths_B=lengths)
+    else:   # the explicit form also returns A, which diagnostics read
       out_BTHd = attention.shaped_attention(
           q_BTHd, k_BTHd, v_BTHd, **attn_args, causal=self.causal, key_mask=key_mask,
-          segment_ids=segment_ids, impl=impl)
+          segment_ids=segment_ids, impl=impl, return_probs=impl == "explicit")
+      if impl == "explicit":
+        out_BTHd, probs_BHTT = out_BTHd
+        self.sow("intermediates", "attn_probs", probs_BHTT)
     return layers.ReparamLinear(valproj.proj_settings(m, self.layer), self.dtype, name="proj")(
         out_BTHd.reshape(B, T, D), anchors.get("proj"))
-
-
-def attend_cached(module: nn.Module, q_BTHd, k_BTHd, v_BTHd, attn_args, impl, *, index_B,
-                  lengths_B):
-  """Attends to `module`'s cache and appends the new keys and values (not while initialising)."""
-  B, T, H, d = k_BTHd.shape
-  shape = (B, H, T, d)   # [B, H, Tmax, d]: created by the init call, whose T is Tmax
-  templates = {"keys": (shape, k_BTHd.dtype), "values": (shape, v_BTHd.dtype),
-               "value_sum": ((B, H, d), jnp.float32)}
-  centred = attn_args["centre_gain"] is not None
-  cache = {name: module.variable("cache", name, jnp.zeros, *templates[name])
-           for name in kv_cache.cache_names(impl, centred)}
-  out_BTHd, new = kv_cache.cached_shaped_attention(
-      q_BTHd, k_BTHd, v_BTHd, {name: var.value for name, var in cache.items()}, index_B,
-      lengths_B, **attn_args, impl=impl)
-  if not module.is_initializing():
-    for name, var in cache.items():
-      var.value = new[name]
-  return out_BTHd
 
 
 def block_norms(m, layer: int, dtype):

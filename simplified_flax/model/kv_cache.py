@@ -10,6 +10,7 @@ speed), plus "value_sum" [B, H, d] (float32) when fused and centred.
 """
 from typing import Dict, Tuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -71,3 +72,33 @@ def cached_shaped_attention(q_BQHd, k_BQHd, v_BQHd, cache: Cache, index_B, lengt
   terms = [] if skip_gain is None else [(skip_gain, v_BQHd)]
   terms.append((centre_gain, -mean_BQHd))
   return attention.combine_fused_terms(attended_BQHd, resid_gain, terms), new
+
+
+def attend(module: nn.Module, q_BTHd, k_BTHd, v_BTHd, attn_args, impl, *, index_B, lengths_B):
+  """`cached_shaped_attention` against `module`'s "cache" collection (an attention sub-block's),
+  which it updates with the new keys and values (not while initialising)."""
+  B, T, H, d = k_BTHd.shape
+  shape = (B, H, T, d)   # [B, H, Tmax, d]: created by the init call, whose T is Tmax
+  templates = {"keys": (shape, k_BTHd.dtype), "values": (shape, v_BTHd.dtype),
+               "value_sum": ((B, H, d), jnp.float32)}
+  centred = attn_args["centre_gain"] is not None
+  cache = {name: module.variable("cache", name, jnp.zeros, *templates[name])
+           for name in cache_names(impl, centred)}
+  out_BTHd, new = cached_shaped_attention(
+      q_BTHd, k_BTHd, v_BTHd, {name: var.value for name, var in cache.items()}, index_B,
+      lengths_B, **attn_args, impl=impl)
+  if not module.is_initializing():
+    for name, var in cache.items():
+      var.value = new[name]
+  return out_BTHd
+
+
+def advance_index(module: nn.Module, B: int, T: int, lengths) -> Tuple[jax.Array, jax.Array]:
+  """(cache index [B] where this chunk of T tokens starts, lengths [B], default T), from
+  `module`'s "cache" collection (the model's), whose index moves past the chunk's real tokens."""
+  index = module.variable("cache", "index", jnp.zeros, (B,), jnp.int32)
+  lengths_B = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+  start_B = index.value
+  if not module.is_initializing():
+    index.value = start_B + lengths_B
+  return start_B, lengths_B

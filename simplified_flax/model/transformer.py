@@ -12,10 +12,12 @@ created by an init call whose T is the cache length (kv_cache.py).
 from typing import Any, Callable
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import ml_collections
 
 from simplified_flax.model import block
+from simplified_flax.model import kv_cache
 from simplified_flax.model import layer_stack
 from simplified_flax.model import layers
 from simplified_flax.model import masks
@@ -47,6 +49,11 @@ class Transformer(nn.Module):
     return {}
 
   @nn.nowrap
+  def remat_policy(self) -> Callable:
+    """What a scanned block keeps for its backward under `scan_residuals="matmuls"`."""
+    return jax.checkpoint_policies.checkpoint_dots
+
+  @nn.nowrap
   def forward(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False,
               decode: bool = False, lengths=None, return_hidden: bool = False,
               lookup: Callable = layers.take_rows):
@@ -69,8 +76,10 @@ class Transformer(nn.Module):
                    embedding_init=layers.normal_init(layers.PLAIN_STD))
     cache_index_B = None
     if decode:
-      cache_index_B, lengths = self._advance_cache(
-          B, T, lengths=lengths, segment_ids=segment_ids, key_mask=key_mask, train=train)
+      if not self.causal or segment_ids is not None or key_mask is not None or train:
+        raise ValueError("decode=True is for the causal decoder at inference: no segment_ids, "
+                         "key_mask or train (rows of different lengths use `lengths`).")
+      cache_index_B, lengths = kv_cache.advance_index(self, B, T, lengths)
       positions_BT = masks.query_positions(T, cache_index_B)
     elif segment_ids is None:
       positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
@@ -93,19 +102,6 @@ class Transformer(nn.Module):
     table_VD = jnp.pad(wte.embedding, ((0, padded - m.vocab_size), (0, 0)))
     return layers.tied_head(x_BTD, table_VD, self.dtype)[..., :m.vocab_size]
 
-  def _advance_cache(self, B, T, *, lengths, segment_ids, key_mask, train):
-    """(cache index [B] where this chunk starts, lengths [B]); moves the index past the chunk."""
-    if not self.causal or segment_ids is not None or key_mask is not None or train:
-      raise ValueError("decode=True is for the causal decoder at inference: no segment_ids, "
-                       "key_mask or train (rows of different lengths use `lengths`).")
-    index = self.variable("cache", "index", jnp.zeros, (B,), jnp.int32)
-    lengths_B = (jnp.full((B,), T, jnp.int32) if lengths is None
-                 else jnp.asarray(lengths, jnp.int32))
-    start_B = index.value
-    if not self.is_initializing():
-      index.value = start_B + lengths_B
-    return start_B, lengths_B
-
 
 def final_norm(m, dtype):
   """The norm before the head: a LayerNorm, or DyT where the blocks use it (Zhu et al. replace
@@ -122,10 +118,6 @@ def build_model(model_config, dtype="float32") -> Transformer:
   speed package instead (`simplified_flax.fast.build_model`), which returns this model or one
   with the same parameters that computes the same values faster."""
   assert model_config.kind in ("decoder", "encoder"), model_config.kind
-  return Transformer(_frozen(model_config), causal=model_config.kind == "decoder",
+  return Transformer(ml_collections.FrozenConfigDict(model_config),   # hashable, as attributes are
+                     causal=model_config.kind == "decoder",
                      dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype)
-
-
-def _frozen(cfg) -> ml_collections.FrozenConfigDict:
-  """The model config as a hashable FrozenConfigDict (a module attribute)."""
-  return ml_collections.FrozenConfigDict(cfg)

@@ -11,7 +11,7 @@ from typing import Any, Dict, Mapping
 import jax
 import jax.numpy as jnp
 
-from simplified_flax.model import layer_stack
+from simplified_flax.model import scan_layout
 from simplified_flax.training.optimizer import GAIN_SUFFIX, leaf_names
 
 HIDDEN = "hidden"
@@ -93,7 +93,7 @@ def gain_metrics(params: Mapping[str, Any]) -> Dict[str, jax.Array]:
 def _per_layer(module: str, leaf):
   """[(module, leaf)], or for a scanned stack `h_<a>_to_<b>` one (`h_<l>`, leaf[i]) per layer
   (metrics named as in the unrolled model)."""
-  layers = layer_stack.layers_of(module)
+  layers = scan_layout.layers_of(module)
   if layers is None or module == f"h_{layers.start}":
     return [(module, leaf)]
   return [(f"h_{layer}", leaf[i]) for i, layer in enumerate(layers)]
@@ -109,7 +109,7 @@ def collect(intermediates: Mapping[str, Any], params: Mapping[str, Any]) -> Dict
       metrics[f"{name}/layer_{layer}"] = value
   for name, sub in intermediates.items():
     probs = sub.get("attn", {}).get(ATTN_PROBS) if isinstance(sub, Mapping) else None
-    if layer_stack.layers_of(name) is not None and probs:
+    if scan_layout.layers_of(name) is not None and probs:
       for module, probs_BHQK in _per_layer(name, probs[0]):
         metrics[f"attn_entropy/layer_{module[2:]}"] = attention_entropy(probs_BHQK)
   metrics.update(gain_metrics(params))

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 
 from simplified_flax.fast import layers as fast_layers
-from simplified_flax.model import layers
 from simplified_flax.training import chunked_loss
 
 
