@@ -26,6 +26,7 @@ from simplified_flax import fast
 from simplified_flax.fast import attention as fast_attention
 from simplified_flax.fast import grad_rules
 from simplified_flax.fast import target_platform
+from simplified_flax.model import transformer
 from simplified_flax.training.step import create_train_state, eval_step, train_step
 
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
@@ -129,7 +130,34 @@ def model_equalities(spec: str, overrides: Mapping[str, Any]) -> List[Dict[str, 
     rows.append({"check": f"{spec} logits, fused vs explicit", "dtype": dtype,
                  "rel_error": error, "tolerance": tolerance, "ok": error < tolerance,
                  "fused_path_uses_cudnn": cudnn})
+    rows.extend(_fast_against_reference(spec, config, variables, tokens_BT, precision,
+                                        tolerance))
   return rows
+
+
+def _fast_against_reference(spec, config, variables, tokens_BT, precision, tolerance):
+  """The model a step on this device runs (`fast.build_model`, model.attention_impl as
+  configured) against the reference model (simplified_flax/model, explicit form): logits and
+  the gradients of their mean square, the seam of tests/test_fast_matrix.py on real kernels."""
+  reference_config = config.model.copy_and_resolve_references()
+  reference_config.attention_impl = "explicit"
+  reference = transformer.build_model(reference_config, dtype=config.dtype)
+  model = fast.build_model(config.model, dtype=config.dtype)
+  def value_and_grad(m):
+    loss = lambda p: jnp.mean(jnp.square(m.apply({**variables, "params": p}, tokens_BT)))
+    return jax.jit(jax.value_and_grad(loss))(variables["params"])
+  with jax.default_matmul_precision(precision):
+    (_, got), (_, want) = value_and_grad(model), value_and_grad(reference)
+    logits_error = relative_error(jax.jit(model.apply)(variables, tokens_BT),
+                                  jax.jit(reference.apply)(variables, tokens_BT))
+  flat = lambda tree: jnp.concatenate([jnp.ravel(g).astype(jnp.float32)
+                                       for g in jax.tree.leaves(tree)])
+  grad_error = relative_error(flat(got), flat(want))
+  plan = getattr(model, "plan", None)
+  path = "reference (no plan)" if plan is None else f"plan {sorted(plan.rules)}"
+  return [{"check": f"{spec} {what}, fast vs reference ({path})", "dtype": config.dtype,
+           "rel_error": error, "tolerance": tolerance, "ok": error < tolerance}
+          for what, error in (("logits", logits_error), ("gradients", grad_error))]
 
 
 # ----------------------------------------------------------------------------- b. benchmark
