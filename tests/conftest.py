@@ -27,8 +27,9 @@ def _config_kinds() -> dict:
 
 
 CONFIG_KINDS = _config_kinds()
-ALL_CONFIGS = tuple(sorted(CONFIG_KINDS))
-DECODER_VARIANTS = tuple(n for n in ALL_CONFIGS if CONFIG_KINDS[n] == "decoder")
+ALL_CONFIGS = tuple(sorted(CONFIG_KINDS))   # every file, base.py (Pre-LN's defaults) included
+# The variants: every file but base.py, which preln.py runs unchanged.
+DECODER_VARIANTS = tuple(n for n in ALL_CONFIGS if CONFIG_KINDS[n] == "decoder" and n != "base")
 ENCODER_VARIANTS = tuple(n for n in ALL_CONFIGS if CONFIG_KINDS[n] == "encoder")
 TINY_MODEL = dict(n_layer=2, n_embd=32, n_head=4, context_length=16, vocab_size=61)
 

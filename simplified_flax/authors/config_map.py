@@ -43,6 +43,7 @@ OPTIONAL_FLOATS = ("first_layer_value_resid_gain", "value_skip_gain", "last_laye
                    "proj_skip_gain", "val_proj_init_std", "query_init_std", "key_init_std",
                    "mlp_proj_init_std")
 LATER_FIELDS = {"qk_norm_type": "none", "dot_norm_type": "none"}
+AUTHORS_NORM_TYPES = ("ln", "rmsnorm", "none")   # their norm_type values (no DyT)
 BLOCK_FIELDS = FLOAT_FIELDS + BOOL_FIELDS + STR_FIELDS + ("tie_valproj_init",
                                                           "activation_function")
 ACTIVATIONS = {"leaky_relu": "leaky_relu", "gelu": "gelu"}   # theirs (HF ACT2FN) -> this code's
@@ -104,6 +105,9 @@ def authors_config(m, eod_id: int | None = None) -> dict[str, Any]:
   out: GPT2LMHeadModel's, then the block fields their `convertGPT2model` reads."""
   _require(m.kind == "decoder", f"model.kind={m.kind!r}: the authors' code has the decoder "
            "(GPT2LMHeadModel) only.")
+  _require(m.norm_type in AUTHORS_NORM_TYPES, f"model.norm_type={m.norm_type!r}: the authors' "
+           f"code has {' / '.join(AUTHORS_NORM_TYPES)} norms only; this run cannot be written "
+           "as theirs (its checkpoint stays readable here).")
   activation = {v: k for k, v in ACTIVATIONS.items()}[m.activation]
   config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
             "vocab_size": int(m.vocab_size), "n_positions": int(m.max_position_embeddings),

@@ -2,6 +2,7 @@
 names, computing the same values where `plan.choose` verified the config; it differs only in
 where gains, norms and kernels meet (docs/fast.md, "Block-level fusions").
 """
+import functools
 from typing import Any, Dict
 
 import flax.linen as nn
@@ -55,8 +56,9 @@ class AttentionSubBlock(nn.Module):
                 attention_kernels.tokens_per_device(B, T, H) >= SEPARATE_QK_MIN_TOKENS)
     q_BTD, k_BTD = fast_layers.QKDense(plan, self.dtype, block.qk_kernel_init(m),
                                        separate=separate, name="c_attn")(x_BTD)
-    v_BTD = fast_layers.ReparamLinear(valproj.value_settings(m, self.layer), self.dtype, plan,
-                                      name="value")(x_BTD, anchors.get("value"))
+    product = functools.partial(fast_layers.matmul, plan)
+    v_BTD = layers.ReparamLinear(valproj.value_settings(m, self.layer), self.dtype, product,
+                                 name="value")(x_BTD, anchors.get("value"))
     q_BTHd, k_BTHd, v_BTHd = (a.reshape(B, T, H, D // H) for a in (q_BTD, k_BTD, v_BTD))
     if m.qk_norm_type == "rmsnorm":
       q_BTHd = layers.RMSNorm(m.norm_eps, self.dtype, name="q_norm")(q_BTHd)
@@ -83,8 +85,8 @@ class AttentionSubBlock(nn.Module):
           raise ValueError("with_sum_squares needs the identity projection.")
         out_BTHd, sum_squares_BT = out_BTHd
         return out_BTHd.reshape(B, T, D), sum_squares_BT
-    return fast_layers.ReparamLinear(valproj.proj_settings(m, self.layer), self.dtype, plan,
-                                     name="proj")(out_BTHd.reshape(B, T, D), anchors.get("proj"))
+    return layers.ReparamLinear(valproj.proj_settings(m, self.layer), self.dtype, product,
+                                name="proj")(out_BTHd.reshape(B, T, D), anchors.get("proj"))
 
   @nn.nowrap
   def impl(self) -> str:

@@ -32,15 +32,6 @@ def dense(plan: Plan, features: int, dtype, name: str, **kwargs) -> nn.Dense:
   return layers.dense(features, dtype, name, product=functools.partial(matmul, plan), **kwargs)
 
 
-class ReparamLinear(layers.ReparamLinear):
-  """`layers.ReparamLinear` whose products are `matmul`'s."""
-  plan: Optional[Plan] = None
-
-  @nn.nowrap
-  def product(self, x_ND, kernel_DF):
-    return matmul(self.plan, x_ND, kernel_DF)
-
-
 class RMSNorm(nn.Module):
   """`layers.RMSNorm` (the same `scale`), which may take its sums of squares from the writer of
   its input (the `norm_stats` rule)."""

@@ -1,6 +1,7 @@
 """Parts of the block (docs/model.md): norms, gains and the linear layers. A gain whose trainable
 flag is off is a constant, never in the parameter tree.
 """
+import functools
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -94,9 +95,8 @@ def matmul(x_ND, kernel_DF):
 
 def dense(features: int, dtype, name: str, kernel_init=normal_init(PLAIN_STD),
           use_bias: bool = False, product: Callable = matmul) -> nn.Dense:
-  """`nn.Dense` (float32 `kernel` [D, F], zero `bias`) computing in `dtype` through `product`
-  (`matmul` or an exact form of it; Dense contracts x's last axis with the kernel's first: the
-  dimension numbers go unread)."""
+  """`nn.Dense` (float32 `kernel` [D, F], zero `bias`) computing x @ kernel in `dtype` by
+  `product` (`matmul` or an exact form of it; Dense's dimension numbers go unread)."""
   return nn.Dense(features, use_bias=use_bias, dtype=dtype, kernel_init=kernel_init, name=name,
                   dot_general=lambda x_ND, kernel_DF, *_, **__: product(x_ND, kernel_DF))
 
@@ -109,6 +109,7 @@ class ReparamLinear(nn.Module):
   """
   settings: Any   # valproj.LinearSettings
   dtype: Any = jnp.float32
+  product: Callable = matmul   # x @ kernel: `matmul`, or an exact form of it (the speed package's)
 
   @nn.compact
   def __call__(self, x_BTD, anchor_DD=None):
@@ -124,16 +125,16 @@ class ReparamLinear(nn.Module):
     return self.product(x_BTD.astype(self.dtype),
                         (resid * w_DD + skip * anchor_DD).astype(self.dtype))
 
-  @nn.nowrap
-  def product(self, x_ND, kernel_DF):
-    """The layer's matrix product (`matmul`; the speed package's subclass may take another
-    exact form)."""
-    return matmul(x_ND, kernel_DF)
+
+take_rows = functools.partial(jnp.take, axis=0)   # table [V, D], tokens [...] -> [..., D]
 
 
-def take_rows(table_VD, tokens_BT) -> jax.Array:
-  """table [V, D] rows at int tokens [B, T] -> [B, T, D] (`nn.Embed`'s lookup)."""
-  return jnp.take(table_VD, tokens_BT, axis=0)
+class Embed(nn.Embed):
+  """`nn.Embed` (the same "embedding" parameter) reading rows by `lookup(table_VD, tokens)`:
+  `take_rows`, or an exact form of it (the speed package's)."""
+
+  def __call__(self, tokens, lookup: Callable = take_rows):
+    return lookup(self.embedding, tokens)
 
 
 def tied_head(x_BTD, embedding_VD, dtype) -> jax.Array:

@@ -70,8 +70,8 @@ class Transformer(nn.Module):
     anchors = self.variable("constants", "anchors", lambda: valproj.anchor_matrices(
         self.make_rng("params"), m)).value
 
-    wte = nn.Embed(m.vocab_size, m.n_embd, name="wte",
-                   embedding_init=layers.normal_init(layers.PLAIN_STD))
+    wte = layers.Embed(m.vocab_size, m.n_embd, name="wte",
+                       embedding_init=layers.normal_init(layers.PLAIN_STD))
     wpe = nn.Embed(m.max_position_embeddings, m.n_embd, name="wpe",
                    embedding_init=layers.normal_init(layers.PLAIN_STD))
     cache_index_B = None
@@ -85,7 +85,7 @@ class Transformer(nn.Module):
       positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
     else:   # the position inside each (contiguous) segment
       positions_BT = jnp.arange(T) - masks.segment_run_starts(segment_ids)
-    x_BTD = (lookup(wte.embedding, tokens_BT) + wpe(positions_BT)).astype(self.dtype)
+    x_BTD = (wte(tokens_BT, lookup) + wpe(positions_BT)).astype(self.dtype)
     x_BTD = nn.Dropout(m.dropout_rate, deterministic=not train)(x_BTD)
 
     x_BTD = layer_stack.run_blocks(self, m, x_BTD, anchors, causal=self.causal, dtype=self.dtype,
