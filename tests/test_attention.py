@@ -164,7 +164,13 @@ def _reference_shaped_attention(q, k, v, mask, resid_gain, skip_gain, centre_gai
 def test_explicit_gradients_equal_autodiff_of_the_formula_including_probs(name):
   """The explicit path's gradients, with a loss that also reads the returned softmax (as
   diagnostics or an attention-entropy penalty would). The speed package's hand-written JVP:
-  tests/test_fast_attention.py."""
+  tests/test_fast_attention.py, through the same check."""
+  check_explicit_gradients_against_the_formula(attention.shaped_attention, name)
+
+
+def check_explicit_gradients_against_the_formula(shaped_attention, name: str):
+  """`shaped_attention(q, k, v, **gains, **case, return_probs=True)`'s gradients of q, k, v and
+  the gains against plain autodiff of the textbook formula, in case `name` of CASES."""
   case = CASES[name]
   q, k, v = qkv()
   mask = masks.attention_mask(T, T, causal=case["causal"], key_mask=case.get("key_mask"),
@@ -174,7 +180,7 @@ def test_explicit_gradients_equal_autodiff_of_the_formula_including_probs(name):
     return jnp.sum(jnp.sin(out)) + jnp.sum(jnp.cos(3.0 * probs))
 
   def explicit_loss(q, k, v, gains):
-    return read_out(*attention.shaped_attention(q, k, v, **gains, **case, return_probs=True))
+    return read_out(*shaped_attention(q, k, v, **gains, **case, return_probs=True))
 
   def reference_loss(q, k, v, gains):
     return read_out(*_reference_shaped_attention(q, k, v, mask, **gains))

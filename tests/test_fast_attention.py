@@ -1,6 +1,8 @@
 """Shaped attention of the speed package (`fast/attention.py`), on the CPU under explicit plans:
 the TPU's forms (chunk-matmul prefix sums, a held combine) and the `gains` rule's hand-written
 JVP keep the reference's values and gradients (tests/test_attention.py tests the reference)."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,8 +11,7 @@ import pytest
 from simplified_flax.fast import attention as fast_attention
 from simplified_flax.fast import attention_kernels
 from simplified_flax.fast.plan import Plan
-from simplified_flax.model import masks
-from test_attention import CASES, GAINS, T, _reference_shaped_attention, qkv
+from test_attention import CASES, GAINS, check_explicit_gradients_against_the_formula, qkv
 
 # "on" on a CPU: the `gains` rule on the explicit path (the combine kernels need a causal mean
 # with no mask; tests/test_combine_kernel.py).
@@ -65,24 +66,9 @@ def test_explicit_gradients_under_the_gains_rule_equal_autodiff_of_the_formula(n
   also reads the returned softmax (as diagnostics or an attention-entropy penalty would)."""
   case = CASES[name]
   q, k, v = qkv()
-  mask = masks.attention_mask(T, T, causal=case["causal"], key_mask=case.get("key_mask"),
-                              segment_ids=case.get("segment_ids"))
-
-  def read_out(out, probs):
-    return jnp.sum(jnp.sin(out)) + jnp.sum(jnp.cos(3.0 * probs))
-
-  def explicit_loss(q, k, v, gains):
-    return read_out(*fast_attention.shaped_attention(GAINS_RULE, q, k, v, **gains, **case,
-                                                     return_probs=True))
-
-  def reference_loss(q, k, v, gains):
-    return read_out(*_reference_shaped_attention(q, k, v, mask, **gains))
-
   jaxpr = lambda plan: str(jax.make_jaxpr(lambda q, k, v: fast_attention.shaped_attention(
       plan, q, k, v, **GAINS, **case, return_probs=True))(q, k, v))
   assert "custom_jvp" in jaxpr(GAINS_RULE)   # the rule's JVP, not autodiff's
   assert "custom_jvp" not in jaxpr(Plan("cpu", frozenset(), "explicit"))
-  got = jax.grad(explicit_loss, argnums=(0, 1, 2, 3))(q, k, v, GAINS)
-  want = jax.grad(reference_loss, argnums=(0, 1, 2, 3))(q, k, v, GAINS)
-  for g_got, g_want in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(g_got, g_want, rtol=1e-5, atol=1e-5)
+  check_explicit_gradients_against_the_formula(
+      functools.partial(fast_attention.shaped_attention, GAINS_RULE), name)
