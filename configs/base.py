@@ -9,8 +9,8 @@ Run (Pre-LN, CPU-sized):
 The optional argument after the file name is a comma-separated list of switches
 (docs/configs.md, "Switches"):
     cpu         shrink model, batch and steps for a laptop CPU (L=6, D=256, 1,000 steps of
-                16 x 128 tokens; sas_p:cpu took 5m14s on 2 idle cores of the development
-                machine, 2026-12-01);
+                16 x 128 tokens; sas_p:cpu took 7m42s on 2 idle cores of the development
+                machine, corpus preparation included, 2026-12-07);
     encoder     switch to the bidirectional MLM encoder (used by the bert_* configs);
     codeparrot  the paper's data and recipe (CodeParrot, its tokenizer, one epoch; decoders).
 """
@@ -261,7 +261,7 @@ def _use_codeparrot(c: ml_collections.ConfigDict, on_accelerator: bool) -> None:
 
 def _shrink_for_cpu(c: ml_collections.ConfigDict) -> None:
   """A run for a laptop CPU on the embedded corpus (docs/training.md, "Measured": sas_p:cpu
-  took 5m14s on 2 idle cores)."""
+  took 7m42s on 2 idle cores, corpus preparation included)."""
   c.model.n_layer = 6
   c.model.n_embd = 256
   c.model.n_head = 8

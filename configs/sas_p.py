@@ -1,7 +1,7 @@
 """SAS-P: SAS in the parallel layout, with no skip connection at all.
 
-Train (CPU-sized; 5m14s on 2 idle cores of the development machine, 2026-12-01, ending near
-eval loss 1.78 after its 1,000 steps):
+Train (CPU-sized; 7m42s on 2 idle cores, corpus preparation included, 2026-12-07, ending at
+eval loss 1.778 after its 1,000 steps):
     python -m simplified_flax.train --config=sas_p:cpu --workdir=/tmp/sas_p
 Paper shape (L=18, D=768, H=12, T=128, batch 128, 40K steps) on an accelerator host:
     python -m simplified_flax.train --config=configs/sas_p.py --workdir=/tmp/sas_p
