@@ -71,35 +71,38 @@ def _fast_model(config, platform: str, dtype: str):
   return model
 
 
-def _check_form(name: str, form: str, dtype: str, platforms=PLATFORMS):
-  """The fast model of `name` under each of `platforms`' plans against the reference in one
-  attention form: the same parameter tree, the same loss and gradients. One program computes
-  them all (the reference once per sequence length), so the case costs one compile."""
-  config = _config(name, form)
+def _check(name: str, dtype: str, forms=FORMS, platforms=PLATFORMS):
+  """The fast model of `name` under each of `platforms`' plans against the reference in each
+  attention form of `forms`: the same parameter tree, the same loss and gradients. One
+  program computes them all (the reference once per form and sequence length; the parameters
+  are the same at any length), so a config costs one compile."""
+  config = _config(name, forms[0])
   tokens_BT, kwargs = _batch(config)
   reference = transformer.build_model(config.model, dtype)
   variables = jax.jit(lambda key: reference.init(key, tokens_BT, **kwargs))(jax.random.key(1))
-  losses = {}   # platform, or the reference at a length -> loss(params); the same parameters
-  for platform in platforms:
-    seq_len = _seq_len(config, platform, form)
-    long_config = _config(name, form, seq_len)
-    tokens_at = _batch(long_config)
-    model = _fast_model(long_config, platform, dtype)
-    if model is None:
-      continue
-    # Same parameters under the same names: a checkpoint moves between the two.
-    shapes = jax.eval_shape(lambda m=model: m.init(jax.random.key(1), tokens_BT, **kwargs))
-    assert jax.tree.structure(shapes) == jax.tree.structure(variables), (name, platform)
-    losses[platform] = _loss(model, variables, *tokens_at)
-    losses.setdefault(f"reference at T={seq_len}", _loss(
-        transformer.build_model(long_config.model, dtype), variables, *tokens_at))
+  losses, compared = {}, []   # name -> loss(params); (where, its name, the reference's name)
+  for form in forms:
+    for platform in platforms:
+      seq_len = _seq_len(config, platform, form)
+      form_config = _config(name, form, seq_len)
+      batch = _batch(form_config)
+      model = _fast_model(form_config, platform, dtype)
+      if model is None:
+        continue
+      # Same parameters under the same names: a checkpoint moves between the two.
+      shapes = jax.eval_shape(lambda m=model: m.init(jax.random.key(1), tokens_BT, **kwargs))
+      assert jax.tree.structure(shapes) == jax.tree.structure(variables), (name, platform)
+      reference_name = f"reference, {form}, T={seq_len}"
+      losses[f"{platform}, {form}"] = _loss(model, variables, *batch)
+      losses.setdefault(reference_name, _loss(transformer.build_model(form_config.model, dtype),
+                                              variables, *batch))
+      compared.append((f"{name} on the {platform} plan, {form} form, {dtype}",
+                       f"{platform}, {form}", reference_name))
   results = jax.jit(lambda p: {k: jax.value_and_grad(f)(p) for k, f in losses.items()})(
       variables["params"])
   loss_rtol, leaf_rtol, model_rtol = TOLERANCE[dtype]
-  for platform in (p for p in platforms if p in results):
-    where = f"{name} on the {platform} plan, {form} form, {dtype}"
-    loss, grads = results[platform]
-    ref_loss, ref_grads = results[f"reference at T={_seq_len(config, platform, form)}"]
+  for where, fast_name, reference_name in compared:
+    (loss, grads), (ref_loss, ref_grads) = results[fast_name], results[reference_name]
     np.testing.assert_allclose(loss, ref_loss, rtol=loss_rtol, err_msg=where)
     largest = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(ref_grads))
     for (path, ref_g), g in zip(jax.tree_util.tree_flatten_with_path(ref_grads)[0],
@@ -142,8 +145,7 @@ def test_the_fast_model_equals_the_reference_on_every_plan_in_both_forms(name):
   twin = _same_model_as_a_variant(name)
   if twin is not None:
     pytest.skip(f"{name}'s model config is {twin}'s, checked there")
-  for form in FORMS:
-    _check_form(name, form, "float32")
+  _check(name, "float32")
 
 
 @pytest.mark.parametrize("name,platform", [(n, "gpu") for n in BFLOAT16_CONFIGS]
@@ -151,7 +153,7 @@ def test_the_fast_model_equals_the_reference_on_every_plan_in_both_forms(name):
 def test_the_fast_model_equals_the_reference_in_bfloat16(name, platform):
   """The GPU's plan (its bfloat16 paths: the held combine and residual, relu_matmul) on four
   variants; the TPU's on SAS-P, whose Mosaic combine kernels take it."""
-  _check_form(name, "fused", "bfloat16", platforms=(platform,))
+  _check(name, "bfloat16", forms=("fused",), platforms=(platform,))
 
 
 def test_the_matrix_runs_the_kernels_and_rules_it_claims_to_check():
