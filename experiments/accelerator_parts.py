@@ -24,7 +24,6 @@ from experiments import benchmark
 from experiments import step_breakdown
 from simplified_flax import fast
 from simplified_flax.fast import attention as fast_attention
-from simplified_flax.fast import grad_rules
 from simplified_flax.fast import target_platform
 from simplified_flax.model import transformer
 from simplified_flax.training.step import create_train_state, eval_step, train_step
@@ -51,10 +50,10 @@ def uses_cudnn(fn: Callable, *args) -> bool:
 # ---------------------------------------------------------------------------- a. equalities
 
 def _auto_plan(platform: str) -> fast.Plan:
-  """The speed package's plan under `model.grad_rules="auto"` on `platform`: the rules measured
-  to help there (what a training step on it runs)."""
-  rules = frozenset(rule for rule, where in grad_rules.AUTO_PLATFORM.items() if platform in where)
-  return fast.Plan(platform, rules, "fused")
+  """The speed package's plan (`fast.choose`, model.grad_rules="auto") for a verified config on
+  `platform`, fused form: what a training step on it runs."""
+  config = configs.load("sas_p", {"model.vocab_size": 256, "model.attention_impl": "fused"})
+  return fast.choose(config.model, dtype=jnp.float32, platform=platform)
 
 
 def attention_equalities(shape: Mapping[str, int]) -> List[Dict[str, Any]]:
