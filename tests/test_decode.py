@@ -22,7 +22,9 @@ def sequences():
 
 def build(variant, impl="explicit"):
   model = transformer.build_model(tiny_config(variant, attention_impl=impl).model)
-  variables = model.init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))
+  # Jitted: op-by-op initialisation and forward passes compiled each op apart (most of the
+  # file's time); the values are the same programs' either way.
+  variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))
   # Zero-initialised weights (SAS queries, reparameterised values) would hide position bugs.
   rng = np.random.default_rng(0)
   return model, jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape, np.float32),
@@ -63,7 +65,7 @@ def cached_logits(model, variables, prompt_lengths):
 @pytest.mark.parametrize("variant", DECODER_VARIANTS)
 def test_cached_decoding_equals_the_full_forward_pass(variant, impl):
   model, variables = build(variant, impl)
-  full = [model.apply(variables, s[None])[0] for s in sequences()]   # each row alone, unpadded
+  full = [full_logits(model, variables, s[None])[0] for s in sequences()]   # each row alone
   for prompt_lengths in (PROMPT_LENGTHS, (0, 0, 0)):   # prompts then steps; only steps
     for b, logits_TV in enumerate(cached_logits(model, variables, prompt_lengths)):
       np.testing.assert_allclose(logits_TV, full[b], atol=1e-5, rtol=1e-5,

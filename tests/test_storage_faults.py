@@ -10,7 +10,7 @@ once, in a local workdir):
      step 8: it must end with one line, non-zero, within the retry budget;
   C  the same command once the store is back (transient faults again): resumes from step 4
      and completes.
-The tests then check what a user relies on: the losses and final parameters equal the
+The test then checks what a user relies on: the losses and final parameters equal the
 reference's bit for bit, every step is in metrics.jsonl once, every kept checkpoint restores.
 """
 import importlib
@@ -183,7 +183,7 @@ def story(tmp_path_factory):
     server.wait(timeout=30)
 
 
-def test_transient_faults_leave_the_run_bit_identical(story):
+def check_transient_faults_leave_the_run_bit_identical(story):
   assert story["c_status"] == 0, story["c_stderr"][-3000:]
   assert all(story["a_fired"].values()), story["a_fired"]     # every fault landed in A ...
   assert all(v for k, v in story["c_fired"].items() if "tokens" not in k), story["c_fired"]
@@ -201,7 +201,7 @@ def test_transient_faults_leave_the_run_bit_identical(story):
       assert got.dtype == expected.dtype and np.array_equal(got, expected), step
 
 
-def test_a_persistent_outage_ends_in_one_line_within_the_budget_and_resumes(story):
+def check_a_persistent_outage_ends_in_one_line_within_the_budget_and_resumes(story):
   assert story["b_status"] == 1, story["b_stderr"][-3000:]
   assert "Traceback" not in story["b_stderr"]
   errors = [l for l in story["b_stderr"].splitlines() if l.startswith("simplified_flax.train:")]
@@ -216,8 +216,16 @@ def test_a_persistent_outage_ends_in_one_line_within_the_budget_and_resumes(stor
   assert story["c_status"] == 0
 
 
-def test_a_kill_mid_upload_never_restores_the_half_written_step(story):
+def check_a_kill_mid_upload_never_restores_the_half_written_step(story):
   assert story["a_committed"] == {4: True, 8: False}
   with open(story["log"]) as f:
     resumed = re.findall(r"Resuming from the checkpoint of step (\d+)", f.read())
   assert resumed == ["4", "4"]                               # B and C: step 4, never 8
+
+
+# One test for the story's three checks: xdist spreads a module's tests over its workers, and
+# each worker would tell the whole story again (the fixture is most of this file's time).
+def test_a_faulty_store_loses_nothing_ends_in_one_line_and_resumes(story):
+  check_transient_faults_leave_the_run_bit_identical(story)
+  check_a_persistent_outage_ends_in_one_line_within_the_budget_and_resumes(story)
+  check_a_kill_mid_upload_never_restores_the_half_written_step(story)
