@@ -205,8 +205,9 @@ def _user_error_types():
   from simplified_flax.runs import nonfinite
   from simplified_flax.runs import workdir_lock
   from simplified_flax.runs.config_checks import ConfigError
+  from simplified_flax.sweeps.plan import SweepError
   usage = (ConfigError, UnknownOverrideError, app.UsageError, targets.TargetError,
-           targets.MissingBackendError)
+           targets.MissingBackendError, SweepError)
   other = (DataError, targets.DoesNotFitError, ConversionError,
            checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
            checkpoints.WorkdirError, workdir_lock.WorkdirLockedError,

@@ -1,0 +1,192 @@
+"""Runs a sweep: each unfinished run as its own `python -m simplified_flax.train` process,
+`jobs` at a time, each job on its own devices where the host has several.
+
+A finished run (its history reaches the last step's evaluation) is skipped; an interrupted one
+resumes from its checkpoint, as the train command always does. A run that fails (a NaN loss, a
+bad data file) is reported with its one error line and the others go on. SIGTERM (or Ctrl-C)
+stops the running ones the way the train command stops (a checkpoint, exit 0) and starts no
+more: rerun the same sweep command to go on.
+"""
+import collections
+import dataclasses
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Mapping, Sequence
+
+from simplified_flax.runs import metrics_io
+from simplified_flax.sweeps import plan
+from simplified_flax.sweeps import results
+
+# libtpu's per-process chip bounds for 1, 2 and 4 chips of one host (a process's chips must be
+# a box of the host's chip grid).
+_TPU_BOUNDS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1"}
+_TPU_FIRST_PORT = 8476
+
+
+@dataclasses.dataclass
+class Outcome:
+  """What `run_all` did: names finished (before or now), trained now, failed (with the run's
+  error line), and whether it was stopped before the end."""
+  finished: list[str] = dataclasses.field(default_factory=list)
+  trained: list[str] = dataclasses.field(default_factory=list)
+  failed: dict[str, str] = dataclasses.field(default_factory=dict)
+  interrupted: bool = False
+
+
+def _visible_gpus(environ: Mapping[str, str]) -> list[str]:
+  if environ.get("CUDA_VISIBLE_DEVICES") is not None:
+    return [d for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+  if shutil.which("nvidia-smi") is None:
+    return []
+  listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+  return [str(i) for i, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU")]
+
+
+def _tpu_chips() -> int:
+  return len(glob.glob("/dev/accel*")) or len(glob.glob("/dev/vfio/[0-9]*"))
+
+
+def device_slots(jobs: int, environ: Mapping[str, str] | None = None,
+                 gpus: Sequence[str] | None = None, tpu_chips: int | None = None
+                 ) -> list[dict[str, str]]:
+  """The environment of each of `jobs` parallel runs: on a host with N GPUs, N/jobs of them
+  each (CUDA_VISIBLE_DEVICES); with N TPU chips, N/jobs chips each (libtpu's
+  TPU_VISIBLE_CHIPS and per-process bounds, one port each); on CPUs, the same host for all.
+  A split that does not divide the devices evenly is one SweepError line."""
+  environ = os.environ if environ is None else environ
+  if jobs < 1:
+    raise plan.SweepError(f"--jobs={jobs}: give --jobs=1 or more.")
+  if jobs == 1:
+    return [{}]
+  gpus = _visible_gpus(environ) if gpus is None else list(gpus)
+  chips = _tpu_chips() if tpu_chips is None else tpu_chips
+  if gpus:
+    if len(gpus) % jobs:
+      raise plan.SweepError(f"--jobs={jobs} does not divide this host's {len(gpus)} GPUs; give "
+                            f"a divisor of {len(gpus)}.")
+    per = len(gpus) // jobs
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * per:(i + 1) * per])}
+            for i in range(jobs)]
+  if chips:
+    per = chips // jobs
+    if chips % jobs or per not in _TPU_BOUNDS:
+      raise plan.SweepError(f"--jobs={jobs} on this host's {chips} TPU chips: give a number "
+                            f"that leaves 1, 2 or 4 chips per run "
+                            f"({', '.join(str(chips // p) for p in _TPU_BOUNDS if chips % p == 0 and p <= chips)}).")
+    slots = []
+    for i in range(jobs):
+      chip_ids = ",".join(str(c) for c in range(i * per, (i + 1) * per))
+      port = str(_TPU_FIRST_PORT + i)
+      slots.append({"TPU_CHIPS_PER_PROCESS_BOUNDS": _TPU_BOUNDS[per],
+                    "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_VISIBLE_CHIPS": chip_ids,
+                    "TPU_VISIBLE_DEVICES": chip_ids, "TPU_PROCESS_PORT": port,
+                    "TPU_MESH_CONTROLLER_ADDRESS": f"localhost:{port}",
+                    "TPU_MESH_CONTROLLER_PORT": port})
+    return slots
+  return [{} for _ in range(jobs)]
+
+
+def error_line(log_path: str) -> str:
+  """The run's one-line error (`simplified_flax.train: error: ...`), else its log's last line."""
+  try:
+    with open(log_path, encoding="utf-8", errors="replace") as log:
+      lines = [line.strip() for line in log if line.strip()]
+  except OSError:
+    return "no log"
+  errors = [line for line in lines if ": error: " in line]
+  return (errors or lines or ["exited without output"])[-1]
+
+
+def run_all(runs: Sequence[plan.Run], *, jobs: int = 1, log_dir: str,
+            python: str = sys.executable, say: Callable[[str], None] = print) -> Outcome:
+  """Trains every unfinished run of `runs` (logs in `log_dir/<name>.log`); see the module doc.
+  One progress line per run that ends: runs done / total, its final eval loss, the ETA."""
+  outcome = Outcome()
+  todo = collections.deque()
+  for run in runs:
+    (outcome.finished.append(run.name) if results.is_finished(run.workdir, run.steps)
+     else todo.append(run))
+  slots = device_slots(min(jobs, max(len(todo), 1)))
+  total = len(runs)
+  if outcome.finished:
+    say(f"{len(outcome.finished)} of {total} runs finished already (skipped); "
+        f"{len(todo)} to train, {len(slots)} at a time.")
+  if not todo:
+    return outcome
+  os.makedirs(log_dir, exist_ok=True)
+  lock, stopping = threading.Lock(), threading.Event()
+  running: dict[str, subprocess.Popen] = {}
+  started = time.monotonic()
+
+  def progress(run: plan.Run, seconds: float, what: str) -> None:
+    done = len(outcome.finished) + len(outcome.failed)
+    left = total - done
+    eta = ""
+    if left and outcome.trained:
+      per_run = (time.monotonic() - started) / (len(outcome.trained) + len(outcome.failed))
+      eta = f"; ETA {metrics_io.format_duration(per_run * left / len(slots))}"
+    say(f"[{done}/{total}] {run.name}: {what} ({metrics_io.format_duration(seconds)}){eta}")
+
+  def worker(slot_env: dict[str, str]) -> None:
+    while not stopping.is_set():
+      with lock:
+        if not todo:
+          return
+        run = todo.popleft()
+      log_path = os.path.join(log_dir, f"{run.name}.log")
+      began = time.monotonic()
+      with open(log_path, "ab") as log:
+        process = subprocess.Popen([python, "-m", plan.TRAIN_MODULE, *run.train_args()],
+                                   env={**os.environ, **slot_env}, stdout=log,
+                                   stderr=subprocess.STDOUT)
+        with lock:
+          running[run.name] = process
+        status = process.wait()
+        with lock:
+          running.pop(run.name)
+      seconds = time.monotonic() - began
+      with lock:
+        if status == 0 and results.is_finished(run.workdir, run.steps):
+          outcome.finished.append(run.name)
+          outcome.trained.append(run.name)
+          loss = results.final_eval_loss(run.workdir)
+          progress(run, seconds, f"final eval loss {loss:.4f}")
+        elif status == 0 or stopping.is_set():
+          outcome.interrupted = True   # stopped with its checkpoint: resumes on a rerun
+          stopping.set()
+        else:
+          outcome.failed[run.name] = error_line(log_path)
+          progress(run, seconds, f"FAILED: {outcome.failed[run.name]} (log: {log_path})")
+
+  def stop(signum=None, frame=None) -> None:
+    del signum, frame
+    stopping.set()
+    with lock:
+      for process in running.values():
+        process.send_signal(signal.SIGTERM)   # each saves a checkpoint and exits 0
+
+  in_main = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, stop) if in_main else None
+  threads = [threading.Thread(target=worker, args=(slot,), daemon=True) for slot in slots]
+  try:
+    for thread in threads:
+      thread.start()
+    while any(thread.is_alive() for thread in threads):
+      for thread in threads:
+        thread.join(timeout=0.2)
+  except KeyboardInterrupt:
+    stop()
+    for thread in threads:
+      thread.join()
+    outcome.interrupted = True
+  finally:
+    if in_main:
+      signal.signal(signal.SIGTERM, previous)
+  outcome.interrupted = outcome.interrupted or stopping.is_set()
+  return outcome

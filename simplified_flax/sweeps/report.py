@@ -1,0 +1,313 @@
+"""The sweep's report: `report.md`, `results.json` and the loss curves, from the runs' workdirs.
+
+Per grid point: the final eval loss over seeds (mean ± sd), parameters, tokens/s, train time;
+against the reference variant, the mean difference with its 95% paired t-interval
+(stats.paired_interval); with `best_of`, each variant at its own best value of that field
+(the lowest mean over seeds) against the reference at its own best.
+"""
+import collections
+import dataclasses
+import json
+import math
+from typing import Sequence
+
+from etils import epath
+
+from simplified_flax.sweeps import plan
+from simplified_flax.sweeps import results
+from simplified_flax.sweeps import stats
+
+PLOTS_NEED = "the plots need matplotlib (pip install 'simplified_flax[experiments]')"
+
+
+@dataclasses.dataclass
+class Collected:
+  """Each run of the plan with its summary (finished), its error line (failed), or neither."""
+  run: plan.Run
+  summary: dict | None = None
+  error: str | None = None
+
+  @property
+  def loss(self) -> float | None:
+    return self.summary["final_eval_loss"] if self.summary else None
+
+
+def collect(runs: Sequence[plan.Run], failed: dict[str, str] | None = None) -> list[Collected]:
+  """Reads every finished run's workdir (local or gs://)."""
+  out = []
+  for run in runs:
+    summary = results.summarise(run.workdir) if results.is_finished(run.workdir, run.steps) \
+        else None
+    out.append(Collected(run, summary, (failed or {}).get(run.name)))
+  return out
+
+
+def _groups(collected: Sequence[Collected]):
+  """{(variant, point): [Collected of each seed]} in plan order."""
+  groups = collections.OrderedDict()
+  for c in sorted(collected, key=lambda c: c.run.seed):
+    groups.setdefault((c.run.variant, c.run.point), []).append(c)
+  variants = list(dict.fromkeys(c.run.variant for c in collected))
+  return collections.OrderedDict(sorted(groups.items(), key=lambda kv: variants.index(kv[0][0])))
+
+
+def _losses_by_seed(group) -> dict[int, float]:
+  return {c.run.seed: c.loss for c in group if c.loss is not None}
+
+
+def _fmt(value, digits=4, sign=False) -> str:
+  if value is None:
+    return "-"
+  return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def _mean_sd(values) -> str:
+  mean, sd = stats.mean_std(values)
+  if mean is None:
+    return "-"
+  n = len([v for v in values if v is not None])
+  return f"{mean:.4f}" + (f" ± {sd:.4f}" if sd is not None else "") + f" (n={n})"
+
+
+def _table(headers, rows) -> list[str]:
+  lines = ["| " + " | ".join(headers) + " |",
+           "| " + " | ".join(["---"] + ["---:"] * (len(headers) - 1)) + " |"]
+  return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def _without(point, field):
+  return tuple((f, v) for f, v in point if f != field)
+
+
+def _value_of(point, field):
+  return dict(point)[field]
+
+
+def summary_rows(groups) -> list[dict]:
+  rows = []
+  for (variant, point), group in groups.items():
+    finished = [c for c in group if c.summary]
+    losses = [c.loss for c in finished]
+    mean, sd = stats.mean_std(losses)
+    speeds = [c.summary["tokens_per_s"] for c in finished if c.summary["tokens_per_s"]]
+    times = [c.summary["train_s"] for c in finished if c.summary["train_s"]]
+    rows.append({"variant": variant, "point": dict(point), "seeds": len(group),
+                 "finished": len(finished), "failed": sum(c.error is not None for c in group),
+                 "final_eval_loss_mean": mean, "final_eval_loss_sd": sd,
+                 "final_eval_losses": {c.run.seed: c.loss for c in finished},
+                 "params": finished[0].summary["params"] if finished else None,
+                 "tokens_per_s": sum(speeds) / len(speeds) if speeds else None,
+                 "train_s": sum(times) / len(times) if times else None})
+  return rows
+
+
+def paired_rows(groups, reference: str) -> list[dict]:
+  """Each non-reference variant against the reference at the same grid point."""
+  rows = []
+  for (variant, point), group in groups.items():
+    if variant == reference or (reference, point) not in groups:
+      continue
+    paired = stats.paired_interval(_losses_by_seed(groups[(reference, point)]),
+                                   _losses_by_seed(group))
+    rows.append(_paired_row(variant, dict(point), dict(point), paired))
+  return rows
+
+
+def _paired_row(variant, point, reference_point, paired) -> dict:
+  return {"variant": variant, "point": point, "reference_point": reference_point,
+          "n": paired.n if paired else 0, "mean_difference": paired.mean if paired else None,
+          "low": paired.low if paired else None, "high": paired.high if paired else None,
+          "verdict": paired.verdict() if paired else "no shared seed"}
+
+
+def best_of_rows(groups, reference: str, field: str) -> list[dict]:
+  """Each variant at its own best `field` value (for each value of the other grid fields),
+  against the reference at its own best, paired by seed."""
+  by_rest = collections.OrderedDict()
+  for (variant, point), group in groups.items():
+    rest = _without(point, field)
+    by_rest.setdefault((variant, rest), {})[_value_of(point, field)] = group
+  best = {}
+  for key, by_value in by_rest.items():
+    value = stats.best_value({v: [c.loss for c in g] for v, g in by_value.items()})
+    best[key] = (value, by_value.get(value))
+  rows = []
+  for (variant, rest), (value, group) in best.items():
+    ref_value, ref_group = best.get((reference, rest), (None, None))
+    paired = None
+    if variant != reference and group and ref_group:
+      paired = stats.paired_interval(_losses_by_seed(ref_group), _losses_by_seed(group))
+    losses = [c.loss for c in group] if group else []
+    mean, sd = stats.mean_std(losses)
+    row = _paired_row(variant, dict(rest), dict(rest), paired)
+    row.update({"best": value, "reference_best": ref_value, "final_eval_loss_mean": mean,
+                "final_eval_loss_sd": sd, "is_reference": variant == reference})
+    rows.append(row)
+  return rows
+
+
+def _interval_text(row) -> str:
+  if row["low"] is None:
+    return "-"
+  return f"[{row['low']:+.4f}, {row['high']:+.4f}]"
+
+
+def _point_text(point: dict) -> str:
+  return ", ".join(f"{f}={plan.format_value(v)}" for f, v in point.items()) or "-"
+
+
+def markdown(collected, groups, *, reference, best_of, command, plots) -> str:
+  total = len(collected)
+  finished = [c for c in collected if c.summary]
+  failed = [c for c in collected if c.error]
+  missing = [c for c in collected if not c.summary and not c.error]
+  variants = list(dict.fromkeys(c.run.variant for c in collected))
+  seeds = sorted({c.run.seed for c in collected})
+  lines = [f"# Sweep: {', '.join(variants)} × {len(groups) // max(len(variants), 1)} grid "
+           f"point(s) × {len(seeds)} seed(s)", "", f"Command: `{command}`", "",
+           f"{len(finished)} of {total} runs finished"
+           + (f", {len(failed)} failed" if failed else "")
+           + (f", {len(missing)} not run yet" if missing else "") + ". Final eval loss: each "
+           "run's last evaluation (the same validation batches for every run). Tokens/s: the "
+           "median logged training throughput, the first interval (compilation) left out.", ""]
+  rows = summary_rows(groups)
+  lines += ["## Final eval loss per grid point", ""]
+  lines += _table(["variant", "grid point", "final eval loss (mean ± sd)", "params", "tokens/s",
+                   "train time"],
+                  [[f"`{r['variant']}`", _point_text(r["point"]),
+                    _mean_sd(list(r["final_eval_losses"].values())) if r["finished"] else "-",
+                    f"{r['params']:,}" if r["params"] else "-",
+                    f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-",
+                    f"{r['train_s']:.0f} s" if r["train_s"] else "-"] for r in rows]) + [""]
+  paired = paired_rows(groups, reference)
+  if paired:
+    lines += [f"## Against `{reference}`, paired by seed", "",
+              f"Variant minus `{reference}` in final eval loss at the same grid point: the mean "
+              "of the per-seed differences and its 95% t-interval. Negative: lower loss than "
+              f"`{reference}`.", ""]
+    lines += _table(["variant", "grid point", "seeds", "mean difference", "95% interval",
+                     "verdict"],
+                    [[f"`{r['variant']}`", _point_text(r["point"]), r["n"],
+                      _fmt(r["mean_difference"], sign=True), _interval_text(r), r["verdict"]]
+                     for r in paired]) + [""]
+  if best_of:
+    best = best_of_rows(groups, reference, best_of)
+    lines += [f"## Each variant at its own best `{best_of}`", "",
+              f"The value of `{best_of}` with the lowest mean final eval loss over seeds (a "
+              "value with a failed or diverged seed never wins), and the difference to "
+              f"`{reference}` at its own best, paired by seed.", ""]
+    lines += _table(["variant", "other grid fields", f"best {best_of}", "final eval loss",
+                     f"minus `{reference}`", "95% interval", "verdict"],
+                    [[f"`{r['variant']}`", _point_text(r["point"]),
+                      plan.format_value(r["best"]) if r["best"] is not None else "none finished",
+                      _fmt(r["final_eval_loss_mean"]),
+                      "-" if r["is_reference"] else _fmt(r["mean_difference"], sign=True),
+                      "-" if r["is_reference"] else _interval_text(r),
+                      "reference" if r["is_reference"] else r["verdict"]] for r in best]) + [""]
+  lines += [
+      "## Reading the intervals", "",
+      "Each seed gives both variants the same data order and initialisation key, so the "
+      "differences cancel what the seeds share. An interval that excludes 0 says the two "
+      "variants are separated at this budget and scale; one that includes 0 says this many "
+      "seeds cannot tell them apart (not that they are equal: more seeds narrow it). With "
+      "several grid points or variants, about 1 in 20 intervals excludes 0 by chance.", ""]
+  if failed:
+    lines += ["## Failed runs", ""] + [f"- `{c.run.name}`: {c.error}" for c in failed] + [""]
+  if missing:
+    lines += ["## Not run yet", "", ", ".join(f"`{c.run.name}`" for c in missing)
+              + ". Rerun the sweep command to train them.", ""]
+  lines += ["## Curves", ""] + plots
+  return "\n".join(lines) + "\n"
+
+
+def _band(histories: Sequence[list[dict]], x: str):
+  """(xs, mean, low, high) of the train loss at the steps every seed logged."""
+  steps = None
+  for rows in histories:
+    have = {r["step"] for r in rows if "loss" in r}
+    steps = have if steps is None else steps & have
+  steps = sorted(steps or ())
+  by_step = [{r["step"]: r for r in rows if "loss" in r} for rows in histories]
+  xs, mean, low, high = [], [], [], []
+  for step in steps:
+    values = [h[step]["loss"] for h in by_step]
+    xs.append(sum(h[step][x] for h in by_step) / len(by_step) if x != "step" else step)
+    mean.append(sum(values) / len(values))
+    low.append(min(values))
+    high.append(max(values))
+  return xs, mean, low, high
+
+
+def plot(groups, output: epath.Path) -> list[str]:
+  """Loss vs step and vs wall time at each grid point: a line per variant (mean over seeds),
+  the seeds' range as a band. Returns the report's image lines."""
+  try:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return [f"No plots: {PLOTS_NEED}.", ""]
+  import io  # pylint: disable=import-outside-toplevel
+  points = list(dict.fromkeys(point for _, point in groups))
+  lines = []
+  for index, point in enumerate(points):
+    for x, label, stem in (("step", "step", "step"), ("elapsed_s", "wall-clock seconds", "time")):
+      fig, ax = plt.subplots(figsize=(8, 5))
+      for (variant, p), group in groups.items():
+        histories = [c.summary["history"] for c in group if p == point and c.summary]
+        if not histories:
+          continue
+        xs, mean, low, high = _band(histories, x)
+        line, = ax.plot(xs, mean, label=f"{variant} (n={len(histories)})", linewidth=1.2)
+        if len(histories) > 1:
+          ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+      ax.set_xlabel(label)
+      ax.set_ylabel("train loss (nats / token)")
+      ax.set_title(f"train loss, mean over seeds (band: their range); {_point_text(dict(point))}")
+      ax.grid(alpha=0.3)
+      ax.legend(fontsize=8)
+      fig.tight_layout()
+      name = f"loss_vs_{stem}_{index}.png"
+      buffer = io.BytesIO()
+      fig.savefig(buffer, format="png", dpi=110)
+      plt.close(fig)
+      (output / name).write_bytes(buffer.getvalue())
+      lines += [f"![loss vs {stem}, {_point_text(dict(point))}]({name})", ""]
+  return lines
+
+
+def _json_safe(value):
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {str(k): _json_safe(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_json_safe(v) for v in value]
+  return value
+
+
+def write(runs: Sequence[plan.Run], output: str, *, command: str, reference: str | None = None,
+          best_of: str | None = None, failed: dict[str, str] | None = None) -> list[Collected]:
+  """Writes `<output>/report.md`, `results.json` and the PNGs (local or gs://); returns the
+  collected runs. `reference` defaults to the first variant."""
+  collected = collect(runs, failed)
+  reference = reference or runs[0].variant
+  groups = _groups(collected)
+  folder = epath.Path(output)
+  folder.mkdir(parents=True, exist_ok=True)
+  image_lines = plot(groups, folder) if any(c.summary for c in collected) else []
+  (folder / "report.md").write_text(markdown(collected, groups, reference=reference,
+                                             best_of=best_of, command=command,
+                                             plots=image_lines))
+  data = {"command": command, "reference": reference, "best_of": best_of,
+          "runs": [{"name": c.run.name, "variant": c.run.variant, "point": dict(c.run.point),
+                    "seed": c.run.seed, "workdir": c.run.workdir,
+                    "status": "finished" if c.summary else "failed" if c.error else "not run",
+                    "error": c.error,
+                    **({k: c.summary[k] for k in ("steps", "params", "final_eval_loss",
+                                                  "final_train_loss", "tokens_per_s", "train_s")}
+                       if c.summary else {})} for c in collected],
+          "points": summary_rows(groups), "paired": paired_rows(groups, reference),
+          "best_of_rows": best_of_rows(groups, reference, best_of) if best_of else []}
+  (folder / "results.json").write_text(json.dumps(_json_safe(data), indent=2))
+  return collected
