@@ -137,7 +137,11 @@ def data_config() -> ml_collections.ConfigDict:
                                      # Text one if absent)
   d.train_split = "train"
   d.eval_split = "validation"
-  d.eval_name = _placeholder(str)    # hf: eval documents from this second source (its eval_split)
+  d.eval_name = _placeholder(str)    # hf: eval documents from this second source (its
+                                     # eval_split, which may be train_split: two folders saved
+                                     # with only `train`: --config.data.name=hf:DIR/train
+                                     # --config.data.eval_name=hf:DIR/valid
+                                     # --config.data.eval_split=train)
   d.max_train_docs = 0               # hf: the first N after the shuffle (0: all)
   d.max_eval_docs = 0
   d.shuffle_seed = _placeholder(int)  # hf: datasets' shuffle(seed) before the selection

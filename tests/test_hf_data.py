@@ -1,6 +1,7 @@
 """Hugging Face data, offline: `hf:` corpora (parquet files, save_to_disk folders) with the
-reference code's selection, `hf:` and trained "bpe" tokenizers, the reference code's windows,
-one-line errors, and a train-CLI run that resumes exactly."""
+reference code's selection, train and eval data from two folders that share a split name,
+`hf:` and trained "bpe" tokenizers, the reference code's windows, one-line errors, and a
+train-CLI run that resumes exactly."""
 import json
 import os
 import subprocess
@@ -13,11 +14,13 @@ datasets = pytest.importorskip("datasets")
 tokenizers_lib = pytest.importorskip("tokenizers")
 
 import configs  # pylint: disable=wrong-import-position
+from simplified_flax import prepare
 from simplified_flax.data import build_pipeline, hf_hub, preparation, tokenizers
-from simplified_flax.data.corpus import open_corpus
+from simplified_flax.data.corpus import open_corpora, open_corpus
 from simplified_flax.data.errors import DataError
 from simplified_flax.data.hf_tokenizer import HfTokenizer, train_bpe
 from simplified_flax.data.sequences import ShardedRows
+from simplified_flax.runs.config_checks import ConfigError, validate_run_config
 from simplified_flax.training.evaluation import input_pipeline
 from test_loop import REPO, TINY, kill_and_resume, log_tail, start_training, subprocess_env
 from test_resume import RUN, _assert_same_run
@@ -63,18 +66,22 @@ def test_importing_the_data_package_loads_neither_datasets_nor_tokenizers():
 def test_hf_corpora_select_as_datasets_does(files):
   config = _data(files, **{"data.shuffle_seed": 0, "data.max_train_docs": 50,
                            "data.max_eval_docs": 5})
-  corpus = open_corpus(config.data)
+  corpus, evals = open_corpora(config.data)   # data.eval_name: a corpus per source
   expected = datasets.load_dataset("parquet", data_files=str(files / "train.parquet"),
                                    split="train").shuffle(seed=0).select(range(50))["content"]
   assert list(corpus.documents("train")) == expected
   assert list(corpus.documents("train", start=7)) == expected[7:]
   saved = datasets.load_from_disk(str(files / "saved"))["validation"]
-  assert list(corpus.documents("validation")) == saved.shuffle(seed=0).select(range(5))["content"]
+  assert list(evals.documents("validation")) == saved.shuffle(seed=0).select(range(5))["content"]
+  assert evals.identity.startswith("hf/saved-") and sorted(evals.splits) == ["validation"]
+  assert open_corpus(config.data).identity == corpus.identity and sorted(corpus.splits) == [
+      "train"]
   assert open_corpus(config.data).identity == corpus.identity       # stable
   config.data.max_train_docs = 49
   assert open_corpus(config.data).identity != corpus.identity       # other documents
-  both = open_corpus(_data(files, **{"data.name": f"hf:{files / 'saved'}",
-                                     "data.eval_name": None}).data)
+  both, same = open_corpora(_data(files, **{"data.name": f"hf:{files / 'saved'}",
+                                            "data.eval_name": None}).data)
+  assert both is same   # one source: one corpus
   assert both.num_documents("train") == 80 and both.num_documents("validation") == 20
 
 
@@ -82,13 +89,13 @@ def test_streamed_hf_corpora_are_the_first_documents_of_the_downloaded_reading(f
   plain = _data(files, **{"data.max_train_docs": 30, "data.max_eval_docs": 5})
   streamed = _data(files, **{"data.max_train_docs": 30, "data.max_eval_docs": 5,
                              "data.streaming": True})
-  ours, theirs = open_corpus(streamed.data), open_corpus(plain.data)
+  (ours, our_evals), (theirs, their_evals) = open_corpora(streamed.data), open_corpora(plain.data)
   assert type(ours.splits["train"]).__name__ == "IterableDataset"
-  assert type(ours.splits["validation"]).__name__ == "Dataset"     # a save_to_disk folder
+  assert type(our_evals.splits["validation"]).__name__ == "Dataset"     # a save_to_disk folder
   expected = list(theirs.documents("train"))
   assert len(expected) == 30 and list(ours.documents("train")) == expected
   assert list(ours.documents("train", start=7)) == expected[7:]      # a resumed preparation
-  assert list(ours.documents("validation")) == list(theirs.documents("validation"))
+  assert list(our_evals.documents("validation")) == list(their_evals.documents("validation"))
   assert ours.num_documents("train") == 30
   assert open_corpus(streamed.data).identity == ours.identity        # stable
   streamed.data.max_train_docs = 29
@@ -139,6 +146,8 @@ def test_bad_hf_input_is_one_line_naming_what_to_set(files, monkeypatch):
   for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
     monkeypatch.setenv(var, "1")
   monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+  # Read at import, as datasets' is: without it the hub tokenizer below retries for ~23 s.
+  monkeypatch.setattr(pytest.importorskip("huggingface_hub").constants, "HF_HUB_OFFLINE", True)
   for overrides, message in cases:
     with pytest.raises(DataError, match=message) as error:
       open_corpus(_data(files, **overrides).data)
@@ -146,6 +155,80 @@ def test_bad_hf_input_is_one_line_naming_what_to_set(files, monkeypatch):
   with pytest.raises(DataError, match=r"hub tokenizer 'hf:nobody/no-tokenizer' cannot be loaded"):
     tokenizers.build_tokenizer(_data(files, **{"data.tokenizer": "hf:nobody/no-tokenizer"}).data,
                                None, list)
+
+
+def _two_folders(root, kind: str) -> tuple[list[str], list[str]]:
+  """root/train and root/valid, each with only a `train` split (parquet files, or save_to_disk
+  folders); their documents: lowercase words in train, uppercase ones in valid."""
+  rng = np.random.default_rng(1)
+  texts = {name: [" ".join(rng.choice(words, size=int(rng.integers(10, 60)))) for _ in range(n)]
+           for name, words, n in (("train", ["alpha", "beta", "gamma"], 40),
+                                  ("valid", ["EVAL", "ONLY", "TEXT"], 12))}
+  for name, docs in texts.items():
+    dataset = datasets.Dataset.from_dict({"content": docs})
+    if kind == "parquet":
+      (root / name).mkdir()
+      dataset.to_parquet(str(root / name / "part-0.parquet"))
+    else:
+      datasets.DatasetDict({"train": dataset}).save_to_disk(str(root / name))
+  return texts["train"], texts["valid"]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "save_to_disk"])
+def test_train_and_eval_from_two_folders_that_share_a_split_name(tmp_path, kind, monkeypatch):
+  """data.name=hf:DIR/train, data.eval_name=hf:DIR/valid, data.eval_split=train: each source is
+  a corpus of its own, its `train` split prepared into its own shards, which `prepare` writes
+  and training (and a resumed run) reads."""
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  train_docs, valid_docs = _two_folders(tmp_path, kind)
+  shards = tmp_path / "shards"
+  def config():
+    return configs.load("preln:cpu", {
+        "data.name": f"hf:{tmp_path / 'train'}", "data.eval_name": f"hf:{tmp_path / 'valid'}",
+        "data.eval_split": "train", "data.tokenizer": "byte", "data.cache_dir": str(shards),
+        "model.context_length": 16, "batch_size": 8})
+  validate_run_config(config())          # one split name, two sources: allowed
+  directories = prepare.prepare(config(), workers=1, workdir=None)
+  assert set(directories) == {"train", "eval_name:train"}
+  assert sorted(os.path.basename(d) for d in directories.values()) == sorted(os.listdir(shards))
+  names = sorted(os.listdir(shards))    # two directories, one per source, both of split `train`
+  assert len(names) == 2 and names[0].startswith("hf_train-") and names[1].startswith(
+      "hf_valid-") and all(".train." in name for name in names), names
+  num_docs = {name: json.loads((shards / name / "manifest.json").read_text())["shard_num_docs"]
+              for name in names}
+  assert [sum(n) for n in num_docs.values()] == [40, 12]
+  eval_shard = f"{directories['eval_name:train']}/tokens-00000.npy"   # --repair_shard finds it
+  assert prepare.prepare(config(), workers=1, workdir=None, repair_shard=eval_shard) == {
+      "eval_name:train": directories["eval_name:train"]}
+
+  def must_not_run(*args, **kwargs):
+    raise AssertionError("prepared again")
+  monkeypatch.setattr(preparation, "_tokenize_shard", must_not_run)
+  built = build_pipeline(config(), process_index=0, process_count=1)  # reads prepare's shards
+  tok = built.tokenizer
+  train_texts = [tok.decode(row) for row in next(built.train_iterator(prefetch=0))["inputs"]]
+  eval_texts = [tok.decode(row) for b in built.eval_batches(3) for row in b["inputs"]]
+  assert all(any(t in d for d in train_docs) and t == t.lower() for t in train_texts)
+  assert all(any(t in d for d in valid_docs) and t == t.upper() for t in eval_texts)
+  assert built.evals.source.num_rows == sum(len(d) // 16 for d in valid_docs)
+  resumed = build_pipeline(config(), process_index=0, process_count=1)   # a resumed run
+  assert resumed.description == built.description
+  assert [tok.decode(row) for b in resumed.eval_batches(3) for row in b["inputs"]] == eval_texts
+
+
+def test_one_source_and_one_split_for_train_and_eval_is_refused_in_one_line(files):
+  message = (r"^data\.train_split == data\.eval_split == 'train' with one source: evaluation "
+             r"would read the training documents\. Set data\.eval_split .* data\.eval_name "
+             r".* --config\.data\.eval_split=train\.$")
+  for overrides in ({"data.eval_name": None}, {"data.eval_name": f"hf:{files / 'train.parquet'}/"},
+                    {"data.name": "python_code", "data.eval_name": None}):
+    with pytest.raises(ConfigError, match=message):
+      validate_run_config(_data(files, **{**overrides, "data.eval_split": "train"}))
+  same_file = f"hf:{files}/../{files.name}/train.parquet"   # the same file, written otherwise
+  with pytest.raises(DataError, match=r"^data\.eval_name names the source of data\.name .* "
+                     r"evaluation would read the training documents\. Set data\.eval_name to "
+                     r"another source or data\.eval_split to another split\.$"):
+    open_corpus(_data(files, **{"data.eval_name": same_file, "data.eval_split": "train"}).data)
 
 
 def test_hf_tokenizer_ids_fingerprint_and_bpe_reuse(files, tmp_path):

@@ -3,12 +3,16 @@
     corpus = open_corpus(config.data)
     corpus.identity                      # names the data in shard addresses and iterator states
     for text in corpus.documents("train", start=0): ...
+    train, evals = open_corpora(config.data)   # the corpora of the train and eval documents
 
 "python_code" and "text_files" are `LocalCorpus`es read straight from their files
 (`local_files.py`); any other name is a tensorflow-datasets name ("lm1b", "c4/en:3.0.1"), a
 `TfdsCorpus`: only opening one imports TensorFlow. "hf:<hub name | folder | files>" is a
 Hugging Face dataset, an `HfCorpus` (`hf_corpus.py`): only opening one imports `datasets`. An unprepared tfds dataset is prepared
 (downloaded) when tfds can; a failure names the command to run where there is network.
+The train and eval documents are two splits of one corpus, except with an "hf:" name and
+`data.eval_name`: then the eval split is of a second corpus, with its own identity (prepared
+shards are addressed by corpus identity and split, so two sources may share a split name).
 """
 import contextlib
 import dataclasses
@@ -24,7 +28,7 @@ from absl import logging
 
 from simplified_flax.data import local_files
 from simplified_flax.data.errors import DataError
-from simplified_flax.data.hf_corpus import is_hf, open_hf_corpus
+from simplified_flax.data.hf_corpus import is_hf, open_hf_corpora
 from simplified_flax.storage import is_remote
 
 _SPLITS = ("train", "validation")
@@ -38,22 +42,30 @@ def parse_list(value: str | Sequence[str] | None) -> list[str]:
   return [item.strip() for item in items if item.strip()]
 
 
-def open_corpus(data_config):
-  """The corpus `data_config.name` names (a LocalCorpus, HfCorpus or TfdsCorpus), both splits
-  checked."""
+def open_corpora(data_config) -> tuple:
+  """(the corpus of the training documents, the corpus of the eval documents), the split of
+  each checked: the corpus `data_config.name` names (a LocalCorpus, HfCorpus or TfdsCorpus)
+  twice, or for an "hf:" name with `data.eval_name` an HfCorpus per source."""
   name = data_config.name
   if is_hf(name):
-    corpus = open_hf_corpus(data_config)
+    train, evals = open_hf_corpora(data_config)
   elif name == "python_code":
-    corpus = LocalCorpus.python_code(parse_list(data_config.roots))
+    train = evals = LocalCorpus.python_code(parse_list(data_config.roots))
   elif name == "text_files":
-    corpus = LocalCorpus.text_files(parse_list(data_config.paths), data_config.json_key)
+    train = evals = LocalCorpus.text_files(parse_list(data_config.paths), data_config.json_key)
   else:
     builder = _builder(name, data_config.tfds_data_dir)
-    corpus = TfdsCorpus(builder, _text_key(builder, data_config.text_key), builder.info.full_name)
-  for split in (data_config.train_split, data_config.eval_split):
-    corpus.check_split(split)
-  return corpus
+    train = evals = TfdsCorpus(builder, _text_key(builder, data_config.text_key),
+                               builder.info.full_name)
+  train.check_split(data_config.train_split)
+  evals.check_split(data_config.eval_split)
+  return train, evals
+
+
+def open_corpus(data_config):
+  """The corpus of the training documents (open_corpora's first); unless `data.eval_name`
+  names a second source, the eval split is one of its splits too."""
+  return open_corpora(data_config)[0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,14 +1,17 @@
 """`data.name="hf:<source>"`: a Hugging Face `datasets` dataset as a corpus (`HfCorpus`).
 
-    corpus = open_hf_corpus(config.data)   # only this imports `datasets`
-    corpus.identity                        # "hf/<source>-<hash of the selected documents>"
-    for text in corpus.documents("train", start=0): ...
+    train, evals = open_hf_corpora(config.data)   # only this imports `datasets`
+    train.identity                       # "hf/<source>-<hash of the selected documents>"
+    for text in train.documents("train", start=0): ...
 
 <source> is a hub name ("huggingface-course/codeparrot-ds-train": read from the cache or
 downloaded; HF_DATASETS_OFFLINE=1 forbids the download), a `save_to_disk` folder, a folder of
 data files, or parquet / arrow / json(l) / csv files or globs (comma-separated). The training
 documents are `data.train_split` of it; the eval documents `data.eval_split` of it, or of
-`data.eval_name` when that is set (a second source, same forms). Each split is optionally
+`data.eval_name` when that is set (a second source, same forms). A second source is a corpus
+of its own (`evals`, its own identity), so the two may share a split name (two folders saved
+with only a `train` split: data.eval_split=train), and their prepared shards, addressed by
+identity and split, never mix; with one source `evals` is `train`. Each split is optionally
 subset the way the paper's reference code does it, with datasets' own calls:
 `shuffle(seed=data.shuffle_seed).select(range(data.max_train_docs))` (eval:
 `max_eval_docs`); a None seed keeps the dataset's order, 0 documents means all of them.
@@ -124,18 +127,22 @@ class HfCorpus:
                       f"{count:,} documents. Set {field} to at most {count:,} (0: all).")
 
 
-def open_hf_corpus(data_config) -> HfCorpus:
-  """The corpus of `data_config.name` = "hf:<source>" (module docstring); every problem is one
-  DataError naming the source, split or field and what to set."""
+def open_hf_corpora(data_config) -> tuple[HfCorpus, HfCorpus]:
+  """(the corpus of the training documents, that of the eval documents) of `data_config.name`
+  = "hf:<source>" (module docstring): one corpus twice, or with `data.eval_name` one corpus per
+  source, each with its own identity, so that the prepared shards of two sources never mix
+  even when their splits have one name. Every problem is one DataError naming the source,
+  split or field and what to set."""
   d = data_config
   datasets = import_datasets()
   train_source = d.name[len(PREFIX):].strip()
   eval_source = (d.get("eval_name") or "").strip()
   eval_source = eval_source[len(PREFIX):] if is_hf(eval_source) else eval_source
-  if eval_source and d.train_split == d.eval_split:
-    raise DataError(f"data.eval_name is set and data.train_split == data.eval_split == "
-                    f"'{d.train_split}': give the splits different names (a file's documents "
-                    "take the name they are asked by).")
+  if eval_source and d.train_split == d.eval_split and _same_source(train_source, eval_source):
+    raise DataError(f"data.eval_name names the source of data.name ('hf:{train_source}') and "
+                    f"data.train_split == data.eval_split == '{d.train_split}': evaluation would "
+                    "read the training documents. Set data.eval_name to another source or "
+                    "data.eval_split to another split.")
   seed = d.get("shuffle_seed")
   streaming = bool(d.get("streaming"))
   streamed = [s for s in (train_source, eval_source) if s and not _is_saved(s)]
@@ -143,26 +150,61 @@ def open_hf_corpus(data_config) -> HfCorpus:
     raise DataError(f"data.streaming=True with data.shuffle_seed={seed}: the reference selection "
                     "shuffles the whole dataset, which needs it downloaded (data.streaming=False); "
                     "unset data.shuffle_seed to stream the first documents in the dataset's order.")
-  splits, fingerprints, takes = {}, {}, {}
-  for split, source, field, max_field in (
-      (d.train_split, train_source, "data.name", "data.max_train_docs"),
-      (d.eval_split, eval_source or train_source, "data.eval_name" if eval_source else "data.name",
-       "data.max_eval_docs")):
-    max_docs = d.get(max_field.split(".")[1]) or 0
-    ds, builder = _load(datasets, source, split, field, streaming)
-    if builder is None:
-      ds = _subset(ds, seed, max_docs, max_field)
-      fingerprints[split] = getattr(ds, "_fingerprint", "")
-    else:
-      ds = _take(ds, split, max_docs, max_field)
-      takes[split] = (max_docs, max_field)
-      fingerprints[split] = f"stream:{builder.hash}:{builder.config_id}:{max_docs}"
-    splits[split] = _text_column(ds, d.text_key, split)
-  fingerprints = [f"{split}={fingerprint}" for split, fingerprint in sorted(fingerprints.items())]
-  digest = hashlib.sha256("\0".join(["hf-v1", train_source, eval_source, d.text_key,
-                                     *fingerprints]).encode()).hexdigest()[:12]
-  slug = re.sub(r"[^\w.-]+", "_", os.path.basename(train_source.rstrip("/")) or "data")
-  return HfCorpus(splits, d.text_key, f"hf/{slug}-{digest}", takes)
+  parts = [_open_part(datasets, d, train_source, d.train_split, "data.name",
+                      "data.max_train_docs", seed, streaming),
+           _open_part(datasets, d, eval_source or train_source, d.eval_split,
+                      "data.eval_name" if eval_source else "data.name", "data.max_eval_docs",
+                      seed, streaming)]
+  # The train corpus's identity hashes both sources and both selections (as it always has:
+  # prepared shards and iterator states of earlier runs keep their names).
+  train = _corpus(train_source, eval_source, d.text_key, parts if not eval_source else parts[:1],
+                  fingerprints=parts)
+  if not eval_source:
+    return train, train
+  return train, _corpus(eval_source, "", d.text_key, parts[1:], fingerprints=parts[1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+  """One split of one source, selected: what an HfCorpus is made of."""
+  split: str
+  dataset: Any
+  fingerprint: str
+  take: tuple[int, str] | None   # streamed: (N of .take(N), its field)
+
+
+def _open_part(datasets, d, source: str, split: str, field: str, max_field: str, seed,
+               streaming: bool) -> _Part:
+  max_docs = d.get(max_field.split(".")[1]) or 0
+  ds, builder = _load(datasets, source, split, field, streaming)
+  if builder is None:
+    ds = _subset(ds, seed, max_docs, max_field)
+    fingerprint, take = getattr(ds, "_fingerprint", ""), None
+  else:
+    ds = _take(ds, split, max_docs, max_field)
+    fingerprint = f"stream:{builder.hash}:{builder.config_id}:{max_docs}"
+    take = (max_docs, max_field)
+  return _Part(split, _text_column(ds, d.text_key, split), fingerprint, take)
+
+
+def _corpus(source: str, second_source: str, text_key: str, parts: list[_Part], *,
+            fingerprints: list[_Part]) -> HfCorpus:
+  """The corpus of `parts` (splits of `source`), named "hf/<source's last name>-<hash of the
+  sources, text_key and `fingerprints`' selections>"."""
+  selected = sorted({(p.split, p.fingerprint) for p in fingerprints})
+  digest = hashlib.sha256("\0".join(["hf-v1", source, second_source, text_key,
+                                     *(f"{split}={f}" for split, f in selected)]
+                                    ).encode()).hexdigest()[:12]
+  slug = re.sub(r"[^\w.-]+", "_", os.path.basename(source.rstrip("/")) or "data")
+  return HfCorpus({p.split: p.dataset for p in parts}, text_key, f"hf/{slug}-{digest}",
+                  {p.split: p.take for p in parts if p.take is not None})
+
+
+def _same_source(a: str, b: str) -> bool:
+  """Whether sources `a` and `b` are one (local paths compared where they lead)."""
+  if a == b:
+    return True
+  return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
 
 
 def _data_files(source: str) -> tuple[str, list[str]] | None:
@@ -211,7 +253,8 @@ def _load(datasets, source: str, split: str, field: str, streaming: bool = False
     if files is not None:   # the files are this split, whatever its name
       path, kwargs = files[0], {"data_files": {split: files[1]}}
     else:
-      hf_hub.offline_unless_reachable()
+      if not os.path.isdir(source):   # a folder of data files needs no hub
+        hf_hub.offline_unless_reachable()
       path, kwargs = source, {}
     if streaming:           # load_dataset(..., streaming=True), keeping its builder
       builder = datasets.load_dataset_builder(path, **kwargs)

@@ -63,9 +63,9 @@ def build_pipeline(config, *, workdir: str | None = None, process_index: int | N
   if config.batch_size % process_count:
     raise DataError(f"batch_size {config.batch_size} (global) does not divide over "
                     f"{process_count} processes; make it a multiple of {process_count}.")
-  source = corpus.open_corpus(data)
+  train_source, eval_source = corpus.open_corpora(data)   # one corpus unless data.eval_name
   tokenizer = tokenizers.build_tokenizer(data, workdir,
-                                         lambda: source.documents(data.train_split))
+                                         lambda: train_source.documents(data.train_split))
   if kind == "encoder" and tokenizer.mask_id is None:
     raise DataError(f"data.tokenizer '{data.tokenizer}' has no mask token (<mask> or [MASK]), "
                     "which the MLM encoder needs. Use a tokenizer with one, or 'bpe' / "
@@ -76,8 +76,9 @@ def build_pipeline(config, *, workdir: str | None = None, process_index: int | N
     raise DataError(f"model.vocab_size is {config.model.vocab_size} but the tokenizer has "
                     f"{tokenizer.vocab_size} ids; leave model.vocab_size unset (None) to take it "
                     "from the tokenizer.")
-  makers = {}
-  for split, needed in ((data.train_split, config.batch_size), (data.eval_split, 1)):
+  makers = []   # train, eval: each a split of its own corpus (shards addressed by both)
+  for source, split, needed in ((train_source, data.train_split, config.batch_size),
+                                (eval_source, data.eval_split, 1)):
     prepared = preparation.prepare_split(source, split, tokenizer, shard_root(data),
                                          shard_docs=data.shard_docs,
                                          max_bytes=PREPARE_IN_PROCESS_BYTES)
@@ -88,20 +89,22 @@ def build_pipeline(config, *, workdir: str | None = None, process_index: int | N
       raise DataError(f"The split '{split}' of '{source.identity}' gives {rows.num_rows} rows of "
                       f"{seq_len} tokens, fewer than the {needed} a batch needs. Use more data, "
                       f"a smaller batch_size or model.context_length{hint}.")
-    makers[split] = BatchMaker(rows, kind=kind, mlm_rate=data.mlm_rate, tokenizer=tokenizer,
-                               global_batch=config.batch_size, process_index=process_index,
-                               process_count=process_count, seed=config.seed)
-  train, evals = makers[data.train_split], makers[data.eval_split]
+    makers.append(BatchMaker(rows, kind=kind, mlm_rate=data.mlm_rate, tokenizer=tokenizer,
+                             global_batch=config.batch_size, process_index=process_index,
+                             process_count=process_count, seed=config.seed))
+  train, evals = makers
   description = {
-      "dataset": source.identity, "text_key": source.text_key, "split": data.train_split,
+      "dataset": train_source.identity, "text_key": train_source.text_key,
+      "split": data.train_split,
       "tokenizer": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
       "shard_docs": data.shard_docs, "context_length": seq_len, "packing": bool(data.packing),
       "kind": kind, "mlm_rate": float(data.mlm_rate) if kind == "encoder" else None,
       "batch_size": config.batch_size, "seed": config.seed,
       "rows_per_epoch": train.source.num_rows,  # catches a changed corpus
   }
-  logging.info("Data: %s, %d train rows of %d tokens (%d batches per epoch), %d eval rows.",
-               source.identity, train.source.num_rows, seq_len, train.batches_per_epoch,
-               evals.source.num_rows)
+  logging.info("Data: %s, %d train rows of %d tokens (%d batches per epoch), %d eval rows%s.",
+               train_source.identity, train.source.num_rows, seq_len, train.batches_per_epoch,
+               evals.source.num_rows,
+               "" if eval_source is train_source else f" of {eval_source.identity}")
   return Pipeline(tokenizer=tokenizer, description=description, prefetch=data.prefetch,
                   train=train, evals=evals)

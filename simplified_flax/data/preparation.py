@@ -6,7 +6,9 @@
         manifest.json      written last: the address fields, every shard's sizes and the
                            crc32 of its two files (`shard_checks.py`)
 
-`key` hashes the corpus identity, split, tokenizer fingerprint, S and the format. Worker
+`key` hashes the corpus identity, split, tokenizer fingerprint, S and the format: a split is
+addressed by its source and its name (a second source, `data.eval_name`, is a corpus with its
+own identity, so two sources' `train` splits are two directories). Worker
 processes tokenize S documents each into one shard; every file is written under a temporary
 name and renamed, a shard is finished once its docs file (written last) exists, and only the
 manifest makes the split usable: a killed preparation never looks complete, and the next one

@@ -219,6 +219,22 @@ def _data_rules(config) -> None:
   for field, example in (("train_split", "train"), ("eval_split", "validation")):
     require(isinstance(d[field], str) and d[field] != "",
             f"data.{field}={d[field]!r} must name a split, e.g. '{example}'.")
+  # One split name for both is the same documents, unless data.eval_name (hf: data only)
+  # names a second source whose split it is (the corpora and their shards are kept apart).
+  second_source = d.name.startswith("hf:") and _source(d.get("eval_name")) not in (
+      "", _source(d.name))
+  require(d.train_split != d.eval_split or second_source,
+          f"data.train_split == data.eval_split == {d.train_split!r} with one source: "
+          "evaluation would read the training documents. Set data.eval_split to another split, "
+          "or (hf: data) data.eval_name to a second source whose split it is, e.g. "
+          "--config.data.name=hf:DIR/train --config.data.eval_name=hf:DIR/valid "
+          "--config.data.eval_split=train.")
+
+
+def _source(name: str | None) -> str:
+  """An "hf:" data source as written, without the prefix and a trailing slash."""
+  name = (name or "").strip()
+  return (name[len("hf:"):].strip() if name.startswith("hf:") else name).rstrip("/")
 
 
 def validate_finetune_config(ft, pretrain_config=None) -> None:
