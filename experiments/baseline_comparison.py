@@ -4,17 +4,22 @@ parameters and throughput (the paper's Fig. 2/5 and Table 1 in one report).
     python experiments/baseline_comparison.py --scale=cpu      # ~1 h on 2 busy CPU cores
     python experiments/baseline_comparison.py --scale=paper    # L=18, D=768: a GPU/TPU host
 
-Each run trains through the training library (`train.train_and_evaluate`, the loop behind
-`python -m simplified_flax.train`) on the embedded corpus (Python standard library source,
-byte tokenizer) in `<workdir_root>/<variant>_x<budget>_s<seed>`. A rerun skips finished runs and
-resumes interrupted ones from their checkpoints; `--report_only` rebuilds the report from
-whatever runs have finished. `<output>/` gets `report.md`, `loss_vs_step_x<b>.png`,
-`loss_vs_time_x<b>.png`, `gap_to_preln.png` and `results.json`.
+Each run is a `python -m simplified_flax.train` command run by the sweep package
+(`simplified_flax.sweeps.execute.run_all`; `--jobs=N` runs N at a time, each on its own GPUs
+or TPU chips where the host has several; logs in `<workdir_root>/logs/<run>.log`) on the
+embedded corpus (Python standard library source, byte tokenizer) in
+`<workdir_root>/<variant>_x<budget>_s<seed>`. A rerun skips finished runs and resumes
+interrupted ones from their checkpoints; a run that fails is listed in the report with its
+error line (exit status 1); SIGTERM stops the runs with their checkpoints (exit status 0: rerun
+the same command to resume). `--report_only` rebuilds the report from whatever runs have
+finished. `<output>/` gets `report.md`, `loss_vs_step_x<b>.png`, `loss_vs_time_x<b>.png`,
+`gap_to_preln.png` and `results.json`.
 
 Budgets: every variant trains `base_steps` (budget 1x); Pre-LN and SAS-P with a second seed
-for the seed-to-seed spread; the cpu scale trains every variant but the naive skipless one
-again 4x as long (its own schedule, not a continuation), so the report shows whether the gap
-to Pre-LN narrows with training.
+for the seed-to-seed spread (mean ± sd over seeds, and SAS-P minus Pre-LN paired by seed with
+its 95% t-interval: `sweeps.stats`); the cpu scale trains every variant but the naive skipless
+one again 4x as long (its own schedule, not a continuation), so the report shows whether the
+gap to Pre-LN narrows with training.
 
 Scales: `paper` is the paper's shape (L=18, D=768, H=12, T=128, batch 128) at 10K and 40K
 steps. `cpu` is L=4, D=128, H=4, T=128, batch 16 at 200 and 800 steps: it shows the variants
@@ -28,6 +33,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments import report_lib  # pylint: disable=g-import-not-at-top
+from simplified_flax.sweeps import stats  # pylint: disable=g-import-not-at-top
 
 VARIANTS = ("preln", "parallel", "value_skipinit", "sas", "sas_p", "sas_p_nonorm", "op",
             "naive_skipless")
@@ -72,15 +78,23 @@ def plan(scale: str, variants, budgets) -> list[tuple[str, int, int]]:
   return runs
 
 
-def make_config(scale: str, variant: str, budget: int, seed: int, base_steps: int,
-                extra: dict | None = None):
+def run_overrides(scale: str, budget: int, seed: int, base_steps: int,
+                  extra: dict | None = None) -> dict:
+  """The run's `--config.FIELD=VALUE` overrides, as Python values."""
   s = SCALES[scale]
   steps = base_steps * budget
   overrides = dict(s["overrides"], seed=seed, num_train_steps=steps,
                    log_every_steps=s["log_every"], eval_every_steps=min(s["eval_every"], steps),
                    eval_steps=s["eval_steps"], checkpoint_every_steps=max(steps // 2, 1))
   overrides.update(extra or {})
-  return report_lib.make_config(variant, s["arg"], overrides)
+  return overrides
+
+
+def make_config(scale: str, variant: str, budget: int, seed: int, base_steps: int,
+                extra: dict | None = None):
+  """The config the run trains (what its train command parses)."""
+  return report_lib.make_config(variant, SCALES[scale]["arg"],
+                                run_overrides(scale, budget, seed, base_steps, extra))
 
 
 def run_name(variant: str, budget: int, seed: int) -> str:
@@ -96,6 +110,11 @@ def _by(results, budget):
     if r["budget"] == budget:
       out.setdefault(r["variant"], []).append(r)
   return {v: out[v] for v in VARIANTS if v in out}
+
+
+def _by_seed(results) -> dict:
+  """{seed: final eval loss} of one variant's runs at one budget."""
+  return {r["seed"]: r["final_eval_loss"] for r in results if r["final_eval_loss"] is not None}
 
 
 def _mean(values):
@@ -173,9 +192,7 @@ def findings(results, budgets) -> list[str]:
     runs = _by(results, b)
     if "preln" not in runs:
       continue
-    ref_losses = [r["final_eval_loss"] for r in runs["preln"]]
-    ref = _mean(ref_losses)
-    spread = (max(ref_losses) - min(ref_losses)) / 2 if len(ref_losses) > 1 else None
+    ref = _mean([r["final_eval_loss"] for r in runs["preln"]])
     ranked = sorted(runs, key=lambda v: _mean([r["final_eval_loss"] for r in runs[v]]))
     steps = runs["preln"][0]["steps"]
     text = (f"- **{b}x ({steps} steps)**: lowest final eval loss first: "
@@ -185,7 +202,10 @@ def findings(results, budgets) -> list[str]:
       if v in runs:
         gap = _mean([r["final_eval_loss"] for r in runs[v]]) - ref
         verdict = "trails" if gap > 0 else "beats"
-        size = f" (Pre-LN's seed half-range: {spread:.3f})" if spread is not None else ""
+        paired = stats.paired_interval(_by_seed(runs["preln"]), _by_seed(runs[v]))
+        size = (f" (paired over {paired.n} seeds: 95% interval [{paired.low:+.3f}, "
+                f"{paired.high:+.3f}], {paired.verdict()})" if paired and paired.low is not None
+                else "")
         text += f" `{v}` {verdict} Pre-LN by {abs(gap):.3f} nats{size}."
     lines.append(text)
   gaps = _gaps(results, budgets)
@@ -223,7 +243,7 @@ def plots(results, budgets, output) -> list[str]:
   return lines
 
 
-def report(results, scale, budgets, command, missing, output) -> str:
+def report(results, scale, budgets, command, missing, output, failed=None) -> str:
   r0 = results[0]
   model = {k: r0["model"][k] for k in ("n_layer", "n_embd", "n_head", "context_length")}
   lines = [
@@ -233,7 +253,9 @@ def report(results, scale, budgets, command, missing, output) -> str:
       f"{r0['learning_rate']:g} with 5% warm-up and linear decay, on the embedded corpus "
       f"(Python standard library source, byte tokenizer). Final eval loss: the loop's last "
       f"evaluation, {r0['eval_steps']} validation batches, the same batches for every run. "
-      f"Seed-to-seed spread is half the range of two seeds (mean ± half-range). Tokens/s is "
+      f"Seed-to-seed spread: mean ± sample standard deviation over seeds; a paired interval "
+      f"is the 95% t-interval of the per-seed differences (same seed: same data order and "
+      f"initialisation). Tokens/s is "
       f"the median logged training throughput on this machine, which was shared with other "
       f"jobs: a rough guide only (`experiments/throughput.py` measures speed properly).", ""]
   for b in budgets:
@@ -257,6 +279,7 @@ def report(results, scale, budgets, command, missing, output) -> str:
   if missing:
     lines += ["## Not run", "", "These planned runs had not finished when the report was "
               "written: " + ", ".join(f"`{m}`" for m in missing) + ".", ""]
+  lines += report_lib.failed_lines(failed or {})
   return "\n".join(lines) + "\n"
 
 
@@ -277,21 +300,24 @@ def main() -> None:
 
   def runs():
     for variant, budget, seed in plan(args.scale, args.variants.split(","), budgets):
-      config = make_config(args.scale, variant, budget, seed, base_steps, extra)
-      yield (run_name(variant, budget, seed), config,
-             {"variant": variant, "budget": budget, "seed": seed, "base_steps": base_steps,
-              "learning_rate": config.optimizer.learning_rate})
+      overrides = run_overrides(args.scale, budget, seed, base_steps, extra)
+      learning_rate = report_lib.make_config(variant, s["arg"],
+                                             overrides).optimizer.learning_rate
+      yield (run_name(variant, budget, seed), report_lib.config_spec(variant, s["arg"]),
+             overrides, {"variant": variant, "budget": budget, "seed": seed,
+                         "base_steps": base_steps, "learning_rate": learning_rate})
 
-  results, missing = report_lib.train_planned(runs(), workdir_root, args.report_only)
-  if not results:
-    sys.exit("No finished runs to report.")
+  trained = report_lib.train_planned(runs(), workdir_root, args.report_only, args.jobs)
+  report_lib.require_results(trained)
   command = report_lib.command_line("baseline_comparison", args, parser,
                                     ("variants", "budgets", "base_steps"))
   report_lib.write_runs_report(
-      output, report(results, args.scale, budgets, command, missing, output), scale=args.scale,
-      command=command, missing=missing, runs=results,
+      output, report(trained.results, args.scale, budgets, command, trained.missing, output,
+                     trained.failed),
+      scale=args.scale, command=command, trained=trained,
       keep=("variant", "budget", "seed", "steps", "params", "final_eval_loss",
             "final_train_loss", "tokens_per_s", "train_s"))
+  report_lib.exit_if_failed(trained.failed)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,13 @@
     python experiments/depth_scaling.py --scale=cpu       # L=2 vs L=8, 1000 steps; ~35 min, 2 cores
     python experiments/depth_scaling.py --scale=paper     # L=18 vs L=72, 40K steps: GPU/TPU
 
-Each (variant, depth) trains through the training library in
-`<workdir_root>/<variant>_L<depth>`; a rerun skips finished runs and resumes interrupted ones,
-and `--report_only` reports whatever has finished. `<output>/` gets `report.md`,
-`loss_vs_step_L<depth>.png` and `results.json`.
+Each (variant, depth) is a `python -m simplified_flax.train` command run by the sweep package
+(`simplified_flax.sweeps.execute.run_all`; `--jobs=N` runs N at a time; logs in
+`<workdir_root>/logs/<run>.log`) in `<workdir_root>/<variant>_L<depth>`. A rerun skips finished
+runs and resumes interrupted ones; a failed run is listed in the report with its error line
+(exit status 1); SIGTERM stops the runs with their checkpoints (exit status 0: rerun the same
+command to resume). `--report_only` reports whatever has finished. `<output>/` gets
+`report.md`, `loss_vs_step_L<depth>.png` and `results.json`.
 
 The MLP branch gain of the shaped-attention variants (SAS, SAS-P, ...) follows the paper's
 O(1/sqrt(L)) rule anchored at its value at 18 layers: gain(L) = gain(18) * sqrt(18 / L)
@@ -32,8 +35,10 @@ SCALES = {
 }
 
 
-def make_config(scale: str, variant: str, depth: int, scale_mlp_gain: bool = True,
-                steps: int | None = None, extra: dict | None = None):
+def run_overrides(scale: str, variant: str, depth: int, scale_mlp_gain: bool = True,
+                  steps: int | None = None, extra: dict | None = None) -> dict:
+  """The run's `--config.FIELD=VALUE` overrides, as Python values: the scale's, then `extra`,
+  then (shaped attention, `scale_mlp_gain`) the config's MLP branch gain rescaled to `depth`."""
   s = SCALES[scale]
   steps = steps or s["steps"]
   overrides = dict(s["overrides"], num_train_steps=steps, log_every_steps=s["log_every"],
@@ -42,8 +47,16 @@ def make_config(scale: str, variant: str, depth: int, scale_mlp_gain: bool = Tru
   overrides.update({"model.n_layer": depth, **(extra or {})})
   config = report_lib.make_config(variant, s["arg"], overrides)
   if scale_mlp_gain and config.model.centre_attn:
-    config.model.mlp_block_resid_gain *= math.sqrt(REFERENCE_DEPTH / depth)
-  return config
+    overrides["model.mlp_block_resid_gain"] = (config.model.mlp_block_resid_gain
+                                               * math.sqrt(REFERENCE_DEPTH / depth))
+  return overrides
+
+
+def make_config(scale: str, variant: str, depth: int, scale_mlp_gain: bool = True,
+                steps: int | None = None, extra: dict | None = None):
+  """The config the run trains (what its train command parses)."""
+  return report_lib.make_config(variant, SCALES[scale]["arg"], run_overrides(
+      scale, variant, depth, scale_mlp_gain, steps, extra))
 
 
 def findings(loss, depths) -> list[str]:
@@ -70,7 +83,7 @@ def findings(loss, depths) -> list[str]:
   return bullets
 
 
-def report(results, scale, depths, command, missing, output) -> str:
+def report(results, scale, depths, command, missing, output, failed=None) -> str:
   r0 = results[0]
   loss = {(r["variant"], r["depth"]): r["final_eval_loss"] for r in results}
   rows = []
@@ -112,6 +125,7 @@ def report(results, scale, depths, command, missing, output) -> str:
   if missing:
     lines += ["Not finished when the report was written: "
               + ", ".join(f"`{m}`" for m in missing) + ".", ""]
+  lines += report_lib.failed_lines(failed or {})
   return "\n".join(lines) + "\n"
 
 
@@ -131,23 +145,25 @@ def main() -> None:
   def runs():
     for depth in depths:
       for variant in args.variants.split(","):
-        config = make_config(args.scale, variant, depth, not args.no_scale_mlp_gain,
-                             args.num_train_steps, extra)
-        yield (f"{variant}_L{depth}", config,
-               {"variant": variant, "depth": depth,
-                "mlp_block_resid_gain": config.model.mlp_block_resid_gain})
+        overrides = run_overrides(args.scale, variant, depth, not args.no_scale_mlp_gain,
+                                  args.num_train_steps, extra)
+        gain = report_lib.make_config(variant, SCALES[args.scale]["arg"],
+                                      overrides).model.mlp_block_resid_gain
+        yield (f"{variant}_L{depth}", report_lib.config_spec(variant, SCALES[args.scale]["arg"]),
+               overrides, {"variant": variant, "depth": depth, "mlp_block_resid_gain": gain})
 
-  results, missing = report_lib.train_planned(runs(), workdir_root, args.report_only)
-  if not results:
-    sys.exit("No finished runs to report.")
+  trained = report_lib.train_planned(runs(), workdir_root, args.report_only, args.jobs)
+  report_lib.require_results(trained)
   command = report_lib.command_line("depth_scaling", args, parser,
                                     ("variants", "depths", "num_train_steps",
                                      "no_scale_mlp_gain"))
   report_lib.write_runs_report(
-      output, report(results, args.scale, depths, command, missing, output), scale=args.scale,
-      command=command, missing=missing, runs=results,
+      output, report(trained.results, args.scale, depths, command, trained.missing, output,
+                     trained.failed),
+      scale=args.scale, command=command, trained=trained,
       keep=("variant", "depth", "steps", "params", "mlp_block_resid_gain", "final_eval_loss",
             "final_train_loss", "tokens_per_s", "train_s"))
+  report_lib.exit_if_failed(trained.failed)
 
 
 if __name__ == "__main__":

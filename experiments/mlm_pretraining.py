@@ -3,13 +3,16 @@
     python experiments/mlm_pretraining.py --scale=cpu          # ~25 min on 2 busy CPU cores
     python experiments/mlm_pretraining.py --scale=paper        # the configs as they are (GPU/TPU)
 
-Each variant trains through the training library (`train.train_and_evaluate`, the loop behind
-`python -m simplified_flax.train`) on the config's corpus (default: the embedded Python
-source corpus, byte tokenizer) in `<workdir_root>/<variant>`; a rerun resumes finished or
-interrupted runs from their checkpoints. Then the initial and the final model are scored on
-the validation batches the loop's evals use (MLM loss and accuracy over the masked tokens),
-and `<output>/` gets `report.md`, `mlm_loss.png` (train and eval MLM loss vs step) and
-`results.json`.
+Each variant is a `python -m simplified_flax.train` command run by the sweep package
+(`simplified_flax.sweeps.execute.run_all`; `--jobs=N` runs N at a time; logs in
+`<workdir_root>/logs/<variant>.log`) on the config's corpus (default: the embedded Python
+source corpus, byte tokenizer) in `<workdir_root>/<variant>`; a rerun skips finished runs and
+resumes interrupted ones from their checkpoints, a failed run is listed in the report with
+its error line (exit status 1), and SIGTERM stops the runs with their checkpoints (exit status
+0: rerun the same command to resume). Then the initial model (the run's seed) and the final
+one (restored from the workdir's last checkpoint) are scored on the validation batches the
+loop's evals use (MLM loss and accuracy over the masked tokens), and `<output>/` gets
+`report.md`, `mlm_loss.png` (train and eval MLM loss vs step) and `results.json`.
 
 Scales: `paper` runs the config files unchanged (16 layers, D=768, batch 128, 40K steps).
 `cpu` starts from the files' `:cpu` switch and shrinks further (SCALES below) so that three
@@ -27,8 +30,8 @@ import numpy as np
 
 from experiments import report_lib  # pylint: disable=g-import-not-at-top
 from simplified_flax import train  # pylint: disable=g-import-not-at-top
+from simplified_flax.training import evaluation  # pylint: disable=g-import-not-at-top
 from simplified_flax.training import losses  # pylint: disable=g-import-not-at-top
-from simplified_flax.runs import metrics_io  # pylint: disable=g-import-not-at-top
 from simplified_flax.data import build_pipeline  # pylint: disable=g-import-not-at-top
 from simplified_flax.model.transformer import build_model  # pylint: disable=g-import-not-at-top
 
@@ -45,12 +48,20 @@ PAPER_GLUE = {"bert_preln": 78.9, "bert_parallel": 78.5, "bert_sas": 78.4, "bert
               "bert_value_skipinit": 78.0}
 
 
-def make_config(variant: str, scale: str, num_train_steps: int | None = None,
-                extra: dict | None = None):
+def run_overrides(scale: str, num_train_steps: int | None = None,
+                  extra: dict | None = None) -> dict:
+  """The run's `--config.FIELD=VALUE` overrides, as Python values."""
   overrides = dict(SCALES[scale]["overrides"], **(extra or {}))
   if num_train_steps:
     overrides["num_train_steps"] = num_train_steps
-  return report_lib.make_config(variant, SCALES[scale]["arg"], overrides)
+  return overrides
+
+
+def make_config(variant: str, scale: str, num_train_steps: int | None = None,
+                extra: dict | None = None):
+  """The config the run trains (what its train command parses)."""
+  return report_lib.make_config(variant, SCALES[scale]["arg"],
+                                run_overrides(scale, num_train_steps, extra))
 
 
 def mlm_scores(config, params, constants, batches) -> dict[str, float]:
@@ -73,23 +84,23 @@ def mlm_scores(config, params, constants, batches) -> dict[str, float]:
           "masked_tokens": float(total["weight_sum"])}
 
 
-def run_variant(variant: str, scale: str, workdir: str, final_eval_batches: int | None,
-                num_train_steps: int | None = None, extra: dict | None = None) -> dict:
-  config = make_config(variant, scale, num_train_steps, extra)
-  final = report_lib.train_to_end(config, workdir)
+def score_run(summary: dict, final_eval_batches: int | None) -> dict:
+  """MLM scores at init and at the end of a finished run: the run's config (its workdir's
+  config.json), the initial state from its seed, the final state restored from its last
+  checkpoint, both on the same validation batches."""
+  workdir = summary["workdir"]
+  config = evaluation.load_config(workdir)
+  final = evaluation.restore_read_only(workdir, config).state
   pipeline = build_pipeline(config, workdir=workdir)
   initial = train.create_train_state(config, jax.random.PRNGKey(config.seed))
   batches = list(pipeline.eval_batches(final_eval_batches or config.eval_steps))
-  history = metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
-  speeds = [r["tokens_per_s"] for r in history if "tokens_per_s" in r][1:]  # 1st: compile
-  elapsed = [r["elapsed_s"] for r in history if "elapsed_s" in r]
   return {
-      "variant": variant, "workdir": workdir, "steps": config.num_train_steps,
-      "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(final.params))),
+      "variant": summary["variant"], "workdir": workdir, "steps": summary["steps"],
+      "params": summary["params"],
       "initial": mlm_scores(config, initial.params, initial.constants, batches),
       "final": mlm_scores(config, final.params, final.constants, batches),
-      "tokens_per_s": float(np.median(speeds)) if speeds else None,
-      "train_s": elapsed[-1] if elapsed else None, "history": history,
+      "tokens_per_s": summary["tokens_per_s"], "train_s": summary["train_s"],
+      "history": summary["history"],
       "model": {k: config.model[k] for k in ("n_layer", "n_embd", "n_head", "context_length")},
       "mlp_block_resid_gain": config.model.mlp_block_resid_gain,
       "learning_rate": config.optimizer.learning_rate, "batch_size": config.batch_size,
@@ -119,7 +130,8 @@ def plot(results: list[dict], path: str) -> None:
   report_lib.save_figure(fig, path, dpi=120)
 
 
-def report(results: list[dict], scale: str, command: str) -> str:
+def report(results: list[dict], scale: str, command: str,
+           failed: dict[str, str] | None = None) -> str:
   r0 = results[0]
   lines = [
       f"# MLM pretraining of crammed-BERT encoders (`--scale={scale}`)", "",
@@ -146,8 +158,9 @@ def report(results: list[dict], scale: str, command: str) -> str:
       "jobs, so only a rough guide; the paper's speed ratios need `experiments/` benchmarks on "
       "an accelerator). At init SAS and SAS-P compute nearly the same function (identity "
       "attention, MLP branch scaled by 0.05), so their curves start together. For reference, the paper's GLUE averages after 24 h of crammed-BERT "
-      "pretraining: " + ", ".join(f"{k} {v}" for k, v in PAPER_GLUE.items()) + ".",
+      "pretraining: " + ", ".join(f"{k} {v}" for k, v in PAPER_GLUE.items()) + ".", "",
   ]
+  lines += report_lib.failed_lines(failed or {})
   return "\n".join(lines) + "\n"
 
 
@@ -162,21 +175,27 @@ def main() -> None:
   args = parser.parse_args()
   output, workdir_root = report_lib.output_folders(args, "mlm_pretraining")
   extra = report_lib.parse_overrides(args.set)
+  arg = SCALES[args.scale]["arg"]
+  trained = report_lib.train_planned(
+      [(variant, report_lib.config_spec(variant, arg),
+        run_overrides(args.scale, args.num_train_steps, extra), {"variant": variant})
+       for variant in args.variants.split(",")], workdir_root, report_only=False, jobs=args.jobs)
+  report_lib.require_results(trained)
   results = []
-  for variant in args.variants.split(","):
-    print(f"== {variant}", flush=True)
-    results.append(run_variant(variant, args.scale, os.path.join(workdir_root, variant),
-                               args.final_eval_batches, args.num_train_steps, extra))
+  for summary in trained.results:
+    results.append(score_run(summary, args.final_eval_batches))
     r = results[-1]
-    print(f"{variant}: MLM loss {r['initial']['mlm_loss']:.3f} -> {r['final']['mlm_loss']:.3f}, "
-          f"accuracy {100 * r['final']['mlm_accuracy']:.1f}%", flush=True)
+    print(f"{r['variant']}: MLM loss {r['initial']['mlm_loss']:.3f} -> "
+          f"{r['final']['mlm_loss']:.3f}, accuracy {100 * r['final']['mlm_accuracy']:.1f}%",
+          flush=True)
   plot(results, os.path.join(output, "mlm_loss.png"))
   command = report_lib.command_line("mlm_pretraining", args, parser,
                                     ("variants", "final_eval_batches", "num_train_steps"))
-  report_lib.write_report(output, report(results, args.scale, command),
+  report_lib.write_report(output, report(results, args.scale, command, trained.failed),
                           [{k: v for k, v in r.items() if k not in ("history", "workdir")}
                            for r in results])
   print(f"Wrote {output}/report.md, mlm_loss.png, results.json")
+  report_lib.exit_if_failed(trained.failed)
 
 
 if __name__ == "__main__":

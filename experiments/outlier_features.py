@@ -13,8 +13,14 @@ Features"): Pre-LN, OP and SAS-P, each with AdamW and with Muon, and what int8 c
 3. Each final checkpoint is evaluated in full precision and W8A8 (model/quantize.py: int8,
    weights per output channel, activations per tensor) on the same validation batches.
 `<output>/` gets report.md, kurtosis_<variant>_<optimizer>.png (one line per layer),
-kurtosis_all.png, lr_sweep.png and results.json. Runs live in `<workdir_root>/<name>`; a rerun
-skips finished runs and resumes interrupted ones.
+kurtosis_all.png, lr_sweep.png and results.json. Each run is a `python -m simplified_flax.train`
+command run by the sweep package (`simplified_flax.sweeps.execute.run_all`: the sweep's runs,
+then the comparison's; `--jobs=N` runs N at a time; logs in `<workdir_root>/logs/<name>.log`)
+in `<workdir_root>/<name>`; step 3 restores each final checkpoint from its workdir. A rerun
+skips finished runs and resumes interrupted ones; a run whose loss turns non-finite is kept as
+diverged (not retried), another failure is listed in the report with its error line (exit
+status 1); SIGTERM stops the runs with their checkpoints (exit status 0: rerun the same
+command to resume).
 
 Expected at `--scale=paper` (the paper's result): Pre-LN + AdamW grows outlier features (peak
 kurtosis far above OP's), OP keeps kurtosis low, the non-diagonal optimiser lowers it further,
@@ -38,6 +44,7 @@ VARIANTS = ("preln", "op", "sas_p")
 OPTIMIZERS = ("adamw", "muon")
 SWEEP_VARIANTS = ("preln", "op")
 DIVERGED_FILE = "diverged.txt"
+NON_FINITE = "Non-finite loss"   # the train command's error line for a diverged run
 SCALES = {
     "cpu": {"arg": "cpu", "steps": 600, "sweep_lrs": "3e-2,1e-2,3e-3,1e-3",
             "diagnostics_every": 25,
@@ -49,9 +56,10 @@ SCALES = {
 }
 
 
-def make_config(scale: str, variant: str, optimizer: str, lr: float,
-                steps: int | None = None, extra: dict | None = None):
-  """The variant's config at `scale` with `optimizer` at learning rate `lr`, diagnostics on."""
+def run_overrides(scale: str, optimizer: str, lr: float, steps: int | None = None,
+                  extra: dict | None = None) -> dict:
+  """The run's `--config.FIELD=VALUE` overrides, as Python values: `optimizer` at learning rate
+  `lr`, diagnostics on."""
   s = SCALES[scale]
   steps = steps or s["steps"]
   overrides = dict(s["overrides"], num_train_steps=steps, eval_every_steps=steps,
@@ -59,7 +67,15 @@ def make_config(scale: str, variant: str, optimizer: str, lr: float,
                    diagnostics_every=max(1, min(s["diagnostics_every"], steps // 4)))
   overrides.update({"optimizer.name": optimizer, "optimizer.learning_rate": lr,
                     **(extra or {})})
-  return report_lib.make_config(variant, s["arg"], overrides)
+  return overrides
+
+
+def make_config(scale: str, variant: str, optimizer: str, lr: float,
+                steps: int | None = None, extra: dict | None = None):
+  """The variant's config at `scale` with `optimizer` at learning rate `lr`, diagnostics on
+  (what the run's train command parses)."""
+  return report_lib.make_config(variant, SCALES[scale]["arg"],
+                                run_overrides(scale, optimizer, lr, steps, extra))
 
 
 def run_name(variant: str, optimizer: str, lr: float, steps: int) -> str:
@@ -80,27 +96,37 @@ def kurtosis_summary(history) -> dict:
           "kurtosis_steps": [r["step"] for r in rows], "kurtosis_max_layer": kurt}
 
 
-def train_and_measure(name, config, workdir_root, report_only, fields):
-  """(summary with kurtosis and W8A8 figures, or None when `report_only` and unfinished). A
-  run whose loss turns non-finite is kept as diverged (marked in its workdir, not retried)."""
-  from simplified_flax.runs import nonfinite  # pylint: disable=import-outside-toplevel
-  marker = os.path.join(workdir_root, name, DIVERGED_FILE)
-  if os.path.exists(marker):
-    return {**fields, "diverged": True, "final_eval_loss": None, "steps": config.num_train_steps}
-  try:
-    results, missing = report_lib.train_planned([(name, config, fields)], workdir_root,
-                                                report_only)
-  except nonfinite.NonFiniteLossError as error:
-    with open(marker, "w") as f:
-      f.write(str(error))
+def train_and_measure(planned, workdir_root: str, report_only: bool, jobs: int = 1):
+  """Trains the (name, config spec, overrides, fields) runs of `planned` (report_lib's
+  `train_planned`: the sweep package's train commands) and measures each finished one. Returns
+  ({name: summary with kurtosis and W8A8 figures, or a diverged entry}, {name: error line} of
+  the runs that failed otherwise). A run whose loss turns non-finite is kept as diverged
+  (marked in its workdir, not retried)."""
+  def diverged(name):
+    _, _, overrides, fields = by_name[name]
+    return {**fields, "diverged": True, "final_eval_loss": None,
+            "steps": overrides["num_train_steps"]}
+
+  by_name = {p[0]: p for p in planned}
+  marker = lambda name: os.path.join(workdir_root, name, DIVERGED_FILE)
+  measured = {name: diverged(name) for name in by_name if os.path.exists(marker(name))}
+  trained = report_lib.train_planned([p for p in planned if p[0] not in measured],
+                                     workdir_root, report_only, jobs)
+  failed = {}
+  for name, error in trained.failed.items():
+    if NON_FINITE not in error:
+      failed[name] = error
+      continue
+    os.makedirs(os.path.dirname(marker(name)), exist_ok=True)
+    with open(marker(name), "w") as f:
+      f.write(error)
     print(f"{name}: diverged ({error})", flush=True)
-    return {**fields, "diverged": True, "final_eval_loss": None, "steps": config.num_train_steps}
-  if missing:
-    return None
-  summary = results[0]
-  summary.update(kurtosis_summary(summary["history"]))
-  summary.update(quantised_loss(summary["workdir"]))
-  return summary
+    measured[name] = diverged(name)
+  for summary in trained.results:
+    summary.update(kurtosis_summary(summary["history"]))
+    summary.update(quantised_loss(summary["workdir"]))
+    measured[summary["name"]] = summary
+  return measured, failed
 
 
 def quantised_loss(workdir: str) -> dict:
@@ -154,42 +180,51 @@ def main() -> None:
   output, workdir_root = report_lib.output_folders(args, "outlier_features")
   extra = report_lib.parse_overrides(args.set)
   lrs = [float(x) for x in (args.sweep_lrs or SCALES[args.scale]["sweep_lrs"]).split(",")]
-  done = {}
+  variants = args.variants.split(",")
+  done, failed = {}, {}
 
-  def run(variant, optimizer, lr):
-    """(workdir name, summary or None); each run trains and is measured once."""
-    config = make_config(args.scale, variant, optimizer, lr, args.num_train_steps, extra)
-    name = run_name(variant, optimizer, lr, config.num_train_steps)
-    if name not in done:
-      done[name] = train_and_measure(name, config, workdir_root, args.report_only,
-                                     {"variant": variant, "optimizer": optimizer,
-                                      "learning_rate": lr, "name": name})
-    return name, done[name]
+  def planned(variant, optimizer, lr):
+    overrides = run_overrides(args.scale, optimizer, lr, args.num_train_steps, extra)
+    name = run_name(variant, optimizer, lr, overrides["num_train_steps"])
+    return (name, report_lib.config_spec(variant, SCALES[args.scale]["arg"]), overrides,
+            {"variant": variant, "optimizer": optimizer, "learning_rate": lr, "name": name})
 
-  sweep = [r for lr in lrs for v in SWEEP_VARIANTS if v in args.variants.split(",")
-           for _, r in [run(v, "adamw", lr)] if r is not None]
+  def run(plans):
+    """The summaries of `plans` (None: not finished or failed); each run trains and is
+    measured once."""
+    measured, failures = train_and_measure(
+        [p for p in plans if p[0] not in done and p[0] not in failed], workdir_root,
+        args.report_only, args.jobs)
+    done.update(measured)
+    failed.update(failures)
+    return [(p[0], done.get(p[0])) for p in plans]
+
+  sweep = [r for _, r in run([planned(v, "adamw", lr) for lr in lrs for v in SWEEP_VARIANTS
+                              if v in variants]) if r is not None]
   lr = args.lr if args.lr is not None else pick_lr(sweep, args.trains_within)
   if lr is None:
     sys.exit("No finished Pre-LN + AdamW sweep run to pick the learning rate from: train "
-             "the sweep first or give --lr.")
-  compared = [run(v, o, lr) for o in args.optimizers.split(",")
-              for v in args.variants.split(",")]
-  missing = [name for name, r in compared if r is None]
+             "the sweep first or give --lr." + "".join(
+                 f"\n{name} failed: {error}" for name, error in failed.items()))
+  compared = run([planned(v, o, lr) for o in args.optimizers.split(",") for v in variants])
   main_runs = [r for _, r in compared if r is not None]
+  not_run = [name for name, r in compared if r is None and name not in failed]
   command = report_lib.command_line("outlier_features", args, parser,
                                     ("variants", "optimizers", "sweep_lrs", "lr",
                                      "num_train_steps"))
-  text = outlier_report.report(main_runs, sweep, lr, args.scale, command, missing, output,
+  text = outlier_report.report(main_runs, sweep, lr, args.scale, command, not_run, output,
                                args.trains_within, picked=args.lr is None)
+  text += "\n".join([""] + report_lib.failed_lines(failed)) if failed else ""
   keep = ("name", "variant", "diverged", "optimizer", "learning_rate", "steps", "params",
           "final_eval_loss", "final_train_loss", "train_s", "fp_eval_loss", "w8a8_eval_loss",
           "w8a8_increase", "peak_kurtosis", "final_kurtosis", "peak_max_median",
           "final_max_median", "kurtosis_steps", "kurtosis_max_layer")
   report_lib.write_report(output, text, {
-      "scale": args.scale, "command": command, "learning_rate": lr, "missing": missing,
-      "sweep": [{k: r.get(k) for k in keep} for r in sweep],
+      "scale": args.scale, "command": command, "learning_rate": lr, "missing": not_run,
+      "failed": failed, "sweep": [{k: r.get(k) for k in keep} for r in sweep],
       "runs": [{k: r.get(k) for k in keep} for r in main_runs]})
   print(f"Wrote {output}/report.md, its plots and results.json")
+  report_lib.exit_if_failed(failed)
 
 
 if __name__ == "__main__":

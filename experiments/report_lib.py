@@ -1,24 +1,27 @@
-"""What every experiment script shares: configs with overrides, a run's summary, plots, tables.
+"""What every experiment script shares: its runs, configs with overrides, plots, tables.
 
-    config = report_lib.make_config("sas_p", "cpu", {"model.n_layer": 4, "num_train_steps": 200})
-    summary = report_lib.train_run(config, workdir)      # resumes; skips a finished run
-    report_lib.plot_curves({"sas_p": summary["history"]}, "loss.png", x="step")
+    trained = report_lib.train_planned(
+        [("sas_p_L4", "sas_p:cpu", {"model.n_layer": 4, "num_train_steps": 200}, {"depth": 4})],
+        workdir_root, report_only=False, jobs=1)   # skips finished runs, resumes the others
+    report_lib.plot_curves({"sas_p": trained.results[0]["history"]}, "loss.png", x="step")
     report_lib.markdown_table(["variant", "loss"], [["sas_p", "2.31"]])
 
-A run's summary comes from its workdir alone (`config.json` + `metrics.jsonl`), so a report can
-be rebuilt from finished workdirs without training anything. Workdirs and report folders are
-read and written through `etils.epath`, so either may be `gs://...` (docs/distributed.md,
-"Remote workdirs").
+Every run is a `python -m simplified_flax.train` command run by the sweep package
+(`simplified_flax.sweeps.execute.run_all`, `--jobs` at a time, logs in `<workdir_root>/logs`);
+its summary (`sweeps.results.summarise`) comes from its workdir alone (`config.json` +
+`metrics.jsonl`), so a report can be rebuilt from finished workdirs without training anything.
+Workdirs and report folders are read and written through `etils.epath`, so either may be
+`gs://...` (docs/distributed.md, "Remote workdirs").
 """
 import argparse
 import ast
+import dataclasses
 import json
 import os
-import statistics
+import sys
 from typing import Any, Dict, Iterable, List, Mapping, Sequence
 
 from etils import epath
-import numpy as np
 
 import configs
 
@@ -49,74 +52,112 @@ def make_config(variant: str, arg: str, overrides: Mapping[str, Any]):
 
 # --------------------------------------------------------------------------------- runs
 
-def is_finished(workdir: str, num_train_steps: int) -> bool:
-  """Whether the workdir's history reaches its last step's eval (the loop's final row)."""
-  from simplified_flax.runs import metrics_io  # pylint: disable=import-outside-toplevel
-  rows = metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
-  return any(r.get("step") == num_train_steps and "eval_loss" in r for r in rows)
+# Every run is a `python -m simplified_flax.train` command executed by the sweep package
+# (simplified_flax/sweeps, docs/sweeps.md): `execute.run_all` is the one loop over runs; a
+# run's summary is `sweeps.results.summarise` of its workdir.
+
+INTERRUPTED = ("Stopped before every run finished (SIGTERM or Ctrl-C): every finished run and "
+               "every stopped run's checkpoint stays; rerun the same command to resume.")
 
 
 class RunInterrupted(SystemExit):
-  """A training run stopped before its last step (SIGTERM, preemption) with its checkpoint
-  saved: the script stops too, rather than report a half-trained model or start the next run."""
+  """The runs were stopped (SIGTERM, preemption, Ctrl-C) with their checkpoints saved: the
+  script stops too (exit status 0) rather than report half-trained models."""
 
 
-def train_to_end(config, workdir: str):
-  """`train.train_and_evaluate(config, workdir)` (resuming if a checkpoint is there); its final
-  state, or RunInterrupted if the run stopped early."""
-  from simplified_flax import train  # pylint: disable=import-outside-toplevel  (jax: slow)
-  state = train.train_and_evaluate(config, workdir, tensorboard=False)
-  if not is_finished(workdir, config.num_train_steps):
-    raise RunInterrupted(f"{workdir} stopped before step {config.num_train_steps} (SIGTERM or "
-                         "preemption; its checkpoint is saved). Run the same command again to "
-                         "resume it and the runs after it.")
-  return state
+def config_spec(variant: str, arg: str) -> str:
+  """The train command's `--config`: "sas_p:cpu", or "sas_p" without switches."""
+  return f"{variant}:{arg}" if arg else variant
 
 
-def train_run(config, workdir: str) -> Dict[str, Any]:
-  """Trains `config` in `workdir` unless already finished there; returns `summarise(workdir)`."""
-  if not is_finished(workdir, config.num_train_steps):
-    train_to_end(config, workdir)
-  return summarise(workdir)
+@dataclasses.dataclass
+class Trained:
+  """What `train_planned` gives back: summaries of the finished runs (`fields` added), names of
+  the runs not finished, and {name: error line} of the runs that failed this time."""
+  results: List[Dict[str, Any]]
+  missing: List[str]
+  failed: Dict[str, str]
 
 
-def count_params(config_dict: Mapping[str, Any]) -> int:
-  from simplified_flax.model import parameters  # pylint: disable=import-outside-toplevel
-  return int(sum(np.prod(s) for s in parameters.parameter_shapes(dict(config_dict)).values()))
+def train_planned(planned: Iterable[tuple[str, str, Mapping[str, Any], Mapping[str, Any]]],
+                  workdir_root: str, report_only: bool, jobs: int = 1,
+                  log_dir: str | None = None) -> Trained:
+  """Each (name, config spec, {field: Python value}, fields) is one train command (its workdir
+  `<workdir_root>/<name>`; `sweeps.plan.run_for` checks its overrides parse back exactly), run
+  by `sweeps.execute.run_all`, `jobs` at a time, unless `report_only`: finished runs are
+  skipped, interrupted ones resume, a failed one is kept with its error line. Stopped runs
+  (SIGTERM) raise RunInterrupted (exit status 0) after saying how to resume. A bad override or
+  --jobs exits with one line before anything runs."""
+  # pylint: disable=import-outside-toplevel  (the sweep package imports JAX: slow)
+  from simplified_flax.sweeps import driver
+  from simplified_flax.sweeps import execute
+  from simplified_flax.sweeps import plan
+  from simplified_flax.sweeps import results as sweep_results
+  try:
+    runs = [(plan.run_for(name, spec, overrides, workdir_root), fields)
+            for name, spec, overrides, fields in planned]
+    if not report_only:
+      execute.device_slots(jobs)   # a bad --jobs is refused before any run starts
+  except plan.SweepError as error:
+    sys.exit(f"error: {error}")
+  outcome = execute.Outcome()
+  if runs and not report_only:
+    log_dir = log_dir or driver.default_log_dir(workdir_root)
+    print(f"{len(runs)} run(s) in {workdir_root} ({jobs} at a time); logs in {log_dir}",
+          flush=True)
+    outcome = execute.run_all([run for run, _ in runs], jobs=jobs, log_dir=log_dir)
+    if outcome.interrupted:
+      print(INTERRUPTED, file=sys.stderr, flush=True)
+      raise RunInterrupted(0)
+  trained = Trained([], [], dict(outcome.failed))
+  for run, fields in runs:
+    if not sweep_results.is_finished(run.workdir, run.steps):
+      if run.name not in trained.failed:
+        trained.missing.append(run.name)
+      continue
+    summary = sweep_results.summarise(run.workdir)
+    config = json.loads((epath.Path(run.workdir) / "config.json").read_text())
+    trained.results.append({**summary, **fields, "batch_size": config["batch_size"],
+                            "eval_steps": config["eval_steps"], "model": config["model"]})
+  return trained
 
 
-def summarise(workdir: str) -> Dict[str, Any]:
-  """Final eval loss, throughput, train time and parameter count of a finished run."""
-  from simplified_flax.runs import metrics_io  # pylint: disable=import-outside-toplevel
-  config_dict = json.loads((epath.Path(workdir) / "config.json").read_text())
-  history = metrics_io.read_history(os.path.join(workdir, metrics_io.METRICS_FILE))
-  train_rows = [r for r in history if "loss" in r]
-  evals = [r for r in history if "eval_loss" in r]
-  # The first interval holds compilation: left out unless it is the only one.
-  speeds = [r["tokens_per_s"] for r in train_rows[1:]] or [r["tokens_per_s"] for r in train_rows]
-  tail = [r["loss"] for r in train_rows[-5:]]
-  return {
-      "workdir": workdir, "steps": config_dict["num_train_steps"],
-      "params": count_params(config_dict),
-      "final_eval_loss": evals[-1]["eval_loss"] if evals else None,
-      "final_train_loss": float(np.mean(tail)) if tail else None,
-      "tokens_per_s": float(np.median(speeds)) if speeds else None,
-      "train_s": train_rows[-1]["elapsed_s"] if train_rows else None,
-      "history": history,
-  }
+def require_results(trained: Trained) -> None:
+  """Exits with one line (and each failed run's error) when no run has finished."""
+  if not trained.results:
+    sys.exit("No finished runs to report." + "".join(
+        f"\n{name} failed: {error}" for name, error in trained.failed.items()))
+
+
+def failed_lines(failed: Mapping[str, str]) -> List[str]:
+  """The report's section on failed runs (empty when none failed): each with its error line."""
+  if not failed:
+    return []
+  return ["## Failed runs", "", "Each run's log (`<workdir_root>/logs/<name>.log`; for a "
+          "gs:// root, `sweep_logs/<root name>/<name>.log`) holds the rest; a rerun of the "
+          "same command tries the run again.", ""] + [
+              f"- `{name}`: {error}" for name, error in failed.items()] + [""]
+
+
+def exit_if_failed(failed: Mapping[str, str]) -> None:
+  """After the report is written: exit status 1 naming the failed runs, if any."""
+  if failed:
+    sys.exit(f"{len(failed)} run(s) failed: {', '.join(failed)} (each run's error is in the "
+             "report and its log).")
 
 
 # ------------------------------------------------------------------------------- numbers
 
 def mean_spread(values: Sequence[float], digits: int = 3) -> str:
-  """"2.345" for one value; "2.345 ± 0.012 (n=2)" with the half-range (n=2) or std (n>2)."""
-  values = [v for v in values if v is not None]
-  if not values:
+  """"2.345" for one value; "2.345 ± 0.012 (n=2)": the mean ± the sample standard deviation
+  (`sweeps.stats.mean_std`)."""
+  from simplified_flax.sweeps import stats  # pylint: disable=import-outside-toplevel
+  mean, sd = stats.mean_std(values)
+  if mean is None:
     return "-"
-  if len(values) == 1:
-    return f"{values[0]:.{digits}f}"
-  spread = (max(values) - min(values)) / 2 if len(values) == 2 else statistics.stdev(values)
-  return f"{statistics.mean(values):.{digits}f} ± {spread:.{digits}f} (n={len(values)})"
+  if sd is None:
+    return f"{mean:.{digits}f}"
+  return f"{mean:.{digits}f} ± {sd:.{digits}f} (n={len([v for v in values if v is not None])})"
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
@@ -212,7 +253,8 @@ def write_json(path: str, obj: Any) -> None:
 def experiment_parser(experiment: str, doc: str, scales: Iterable[str], variants: Sequence[str],
                       *, workdirs: bool = True, report_only: bool = True):
   """The flags every experiment script shares: --scale, --output, --variants, --set and, for
-  scripts that train, --workdir_root and (when they can report unfinished runs) --report_only."""
+  scripts that train, --workdir_root, --jobs and (when they can report unfinished runs)
+  --report_only."""
   parser = argparse.ArgumentParser(description=doc.split("\n")[0])
   parser.add_argument("--scale", choices=sorted(scales), default="cpu")
   parser.add_argument("--output", default=None, help="report folder (default "
@@ -220,6 +262,9 @@ def experiment_parser(experiment: str, doc: str, scales: Iterable[str], variants
   if workdirs:
     parser.add_argument("--workdir_root", default=None,
                         help=f"training workdirs (default workdirs/{experiment}_<scale>)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time, each a train command on its own GPUs or TPU "
+                        "chips where the host has several (simplified_flax.sweep's --jobs)")
   parser.add_argument("--variants", default=",".join(variants))
   parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="config override applied to every run (repeatable), e.g. "
@@ -255,35 +300,18 @@ def command_line(experiment: str, args, parser, flags: Sequence[str]) -> str:
   return text + "".join(f" --set={o}" for o in getattr(args, "set", ()))
 
 
-def train_planned(runs: Iterable[tuple[str, Any, Mapping[str, Any]]], workdir_root: str,
-                  report_only: bool) -> tuple[List[Dict[str, Any]], List[str]]:
-  """Trains (or, with `report_only`, only collects) each (name, config, fields) run in
-  `<workdir_root>/<name>`. Returns (summaries of finished runs with `fields` added, names of
-  runs not finished)."""
-  results, missing = [], []
-  for name, config, fields in runs:
-    workdir = os.path.join(workdir_root, name)
-    if report_only and not is_finished(workdir, config.num_train_steps):
-      missing.append(name)
-      continue
-    print(f"== {name} ({config.num_train_steps} steps)", flush=True)
-    summary = train_run(config, workdir)
-    results.append({**summary, **fields, "batch_size": config.batch_size,
-                    "eval_steps": config.eval_steps, "model": config.model.to_dict()})
-    print(f"{name}: final eval loss {summary['final_eval_loss']:.4f}", flush=True)
-  return results, missing
-
-
 def write_report(output: str, text: str, results: Any) -> None:
   """`<output>/report.md` and `<output>/results.json`."""
   write_text(os.path.join(output, "report.md"), text)
   write_json(os.path.join(output, "results.json"), results)
 
 
-def write_runs_report(output: str, text: str, *, scale: str, command: str, missing: List[str],
-                      runs: Sequence[Mapping[str, Any]], keep: Sequence[str]) -> None:
+def write_runs_report(output: str, text: str, *, scale: str, command: str, trained: Trained,
+                      keep: Sequence[str]) -> None:
   """`write_report` of a `train_planned` experiment: results.json holds the scale, command,
-  unfinished runs and the `keep` fields of every finished run."""
-  write_report(output, text, {"scale": scale, "command": command, "missing": missing,
-                              "runs": [{k: r[k] for k in keep} for r in runs]})
+  unfinished runs, failed runs (with their error lines) and the `keep` fields of every
+  finished run."""
+  write_report(output, text, {"scale": scale, "command": command, "missing": trained.missing,
+                              "failed": trained.failed,
+                              "runs": [{k: r[k] for k in keep} for r in trained.results]})
   print(f"Wrote {output}/report.md, its plots and results.json")

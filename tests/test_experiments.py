@@ -1,5 +1,6 @@
-"""The experiment scripts: their plans, configs and reports (fast), and one tiny end-to-end run
-of each training experiment, resumed (slow)."""
+"""The experiment scripts: their plans, configs and reports (fast), and tiny end-to-end runs of
+the training experiments (slow): each run a train command of the sweep package, a rerun
+skipping finished runs, `--report_only` listing unfinished ones."""
 import json
 import os
 import pathlib
@@ -14,6 +15,7 @@ sys.path.insert(0, str(REPO))
 from experiments import baseline_comparison, depth_scaling, report_lib, throughput  # pylint: disable=wrong-import-position
 from experiments import compile_depth  # pylint: disable=wrong-import-position
 from experiments import outlier_features, outlier_report  # pylint: disable=wrong-import-position
+from simplified_flax.sweeps import execute  # pylint: disable=wrong-import-position
 
 
 # ------------------------------------------------------------------------------- report_lib
@@ -29,7 +31,7 @@ def test_parse_overrides_reads_literals_and_keeps_other_text():
 
 def test_mean_spread_and_markdown_table():
   assert report_lib.mean_spread([2.0]) == "2.000"
-  assert report_lib.mean_spread([2.0, 2.1]) == "2.050 ± 0.050 (n=2)"
+  assert report_lib.mean_spread([2.0, 2.1]) == "2.050 ± 0.071 (n=2)"   # the sample sd
   assert report_lib.mean_spread([]) == "-"
   assert report_lib.markdown_table(["a", "b"], [[1, 2]]) == ["| a | b |", "| --- | ---: |",
                                                              "| 1 | 2 |"]
@@ -45,6 +47,9 @@ def test_baseline_plan_runs_every_variant_first_then_seeds_then_longer_budgets()
                        ("op", 4, 0), ("value_skipinit", 4, 0), ("sas_p_nonorm", 4, 0)]
   config = baseline_comparison.make_config("cpu", "sas_p", 4, 1, 200)
   assert (config.num_train_steps, config.seed, config.model.n_layer) == (800, 1, 4)
+  overrides = baseline_comparison.run_overrides("cpu", 4, 1, 200)
+  assert (overrides["num_train_steps"], overrides["seed"], overrides["model.n_layer"]) == (
+      800, 1, 4)
 
 
 def _fake_run(variant, budget, seed, loss):
@@ -61,12 +66,18 @@ def _fake_run(variant, budget, seed, loss):
 
 def test_baseline_report_states_the_gap_and_its_trend(tmp_path):
   results = [_fake_run("preln", 1, 0, 2.0), _fake_run("preln", 1, 1, 2.1),
-             _fake_run("sas_p", 1, 0, 2.3), _fake_run("preln", 4, 0, 1.5),
-             _fake_run("sas_p", 4, 0, 1.6)]
-  text = baseline_comparison.report(results, "cpu", (1, 4), "cmd", ["sas_x4_s0"], str(tmp_path))
-  assert "2.050 ± 0.050 (n=2)" in text
-  assert "| `sas_p` | +0.250 | +0.100 | narrows |" in text
+             _fake_run("sas_p", 1, 0, 2.3), _fake_run("sas_p", 1, 1, 2.35),
+             _fake_run("preln", 4, 0, 1.5), _fake_run("sas_p", 4, 0, 1.6)]
+  text = baseline_comparison.report(results, "cpu", (1, 4), "cmd", ["sas_x4_s0"], str(tmp_path),
+                                    {"op_x1_s0": "simplified_flax.train: error: Non-finite"})
+  assert "2.050 ± 0.071 (n=2)" in text
+  assert "| `sas_p` | +0.275 | +0.100 | narrows |" in text
+  # SAS-P minus Pre-LN per seed: +0.30, +0.25; the paired 95% t-interval (1 dof).
+  assert "`sas_p` trails Pre-LN by 0.275 nats (paired over 2 seeds: 95% interval [-0.043, " \
+         "+0.593], not separated)" in text
   assert "`sas_x4_s0`" in text
+  assert "## Failed runs" in text and "- `op_x1_s0`: simplified_flax.train: error: Non-finite" \
+      in text
   assert {p.name for p in tmp_path.iterdir()} == {
       "loss_vs_step_x1.png", "loss_vs_time_x1.png", "loss_vs_step_x4.png",
       "loss_vs_time_x4.png", "gap_to_preln.png"}
@@ -78,6 +89,9 @@ def test_depth_scaling_scales_the_mlp_gain_of_shaped_attention_only():
   assert depth_scaling.make_config("cpu", "sas", 72, scale_mlp_gain=False
                                    ).model.mlp_block_resid_gain == pytest.approx(0.1)
   assert depth_scaling.make_config("cpu", "preln", 72).model.mlp_block_resid_gain == 1.0
+  assert depth_scaling.run_overrides("cpu", "sas", 72)["model.mlp_block_resid_gain"] == \
+      deep.model.mlp_block_resid_gain          # the train command gets the same float
+  assert "model.mlp_block_resid_gain" not in depth_scaling.run_overrides("cpu", "preln", 72)
 
 
 def test_throughput_report_from_benchmark_json(tmp_path):
@@ -168,21 +182,28 @@ def _script(name, args, tmp_path, data):
 @pytest.mark.slow
 def test_baseline_comparison_end_to_end_then_resumes_without_training(tmp_path):
   data = write_corpus(tmp_path / "corpus")
-  args = ["--variants=preln,sas_p", "--budgets=1", "--base_steps=3"]
+  args = ["--variants=preln,sas_p", "--budgets=1", "--base_steps=2", "--jobs=2"]
   first = _script("baseline_comparison", args, tmp_path, data)
   assert first.returncode == 0, first.stderr[-3000:]
-  assert first.stdout.count("Model:") == 4          # two variants x two seeds
+  assert "4 run(s) in" in first.stdout and "[4/4]" in first.stdout   # two variants x two seeds
+  logs = {p.name: p.read_text() for p in (tmp_path / "work" / "logs").iterdir()}
+  assert sorted(logs) == ["preln_x1_s0.log", "preln_x1_s1.log", "sas_p_x1_s0.log",
+                          "sas_p_x1_s1.log"]
   result = json.loads((tmp_path / "out" / "results.json").read_text())
   assert [(r["variant"], r["seed"]) for r in result["runs"]] == [
       ("preln", 0), ("sas_p", 0), ("preln", 1), ("sas_p", 1)]
-  assert all(r["steps"] == 3 and r["final_eval_loss"] > 0 for r in result["runs"])
+  assert all(r["steps"] == 2 and r["final_eval_loss"] > 0 for r in result["runs"])
+  assert result["failed"] == {} and result["missing"] == []
   report = (tmp_path / "out" / "report.md").read_text()
-  assert "## Budget 1x: 3 steps" in report and "(n=2)" in report
+  assert "## Budget 1x: 2 steps" in report and "(n=2)" in report
+  assert "paired over 2 seeds" in report
   assert os.path.exists(tmp_path / "out" / "loss_vs_time_x1.png")
 
   again = _script("baseline_comparison", args, tmp_path, data)
   assert again.returncode == 0, again.stderr[-3000:]
-  assert "Model:" not in again.stdout               # every run was finished: nothing trains
+  # Every run was finished: nothing trains (no log grows).
+  assert "4 of 4 runs finished already (skipped); 0 to train" in again.stdout
+  assert {p.name: p.read_text() for p in (tmp_path / "work" / "logs").iterdir()} == logs
 
 
 @pytest.mark.slow
@@ -234,21 +255,66 @@ def test_depth_scaling_findings_state_gaps_and_trends_as_measured():
   assert "`preln`: 8 layers improve its eval loss by 0.200 over 2." in text
 
 
-def test_an_interrupted_run_stops_the_script_with_how_to_resume(tmp_path, monkeypatch):
-  """SIGTERM makes the training loop save and return early; the experiment must not report
-  that half-trained run or move on to the next one."""
-  from simplified_flax import train
-  monkeypatch.setattr(train, "train_and_evaluate", lambda config, workdir, **kw: None)
-  config = depth_scaling.make_config("cpu", "sas_p", 1, steps=3)
-  with pytest.raises(report_lib.RunInterrupted, match="Run the same command again"):
-    report_lib.train_run(config, str(tmp_path / "run"))
+def _plan(tmp_path, names=("sas_p_L1",)):
+  overrides = depth_scaling.run_overrides("cpu", "sas_p", 1, steps=3)
+  return [(name, "sas_p:cpu", overrides, {"variant": "sas_p", "depth": 1}) for name in names]
+
+
+def test_an_interrupted_sweep_stops_the_script_with_how_to_resume(tmp_path, monkeypatch, capsys):
+  """SIGTERM stops the runs with their checkpoints; the experiment must not report those
+  half-trained runs: it exits 0 saying how to resume."""
+  calls = []
+  monkeypatch.setattr(execute, "run_all", lambda runs, **kw: calls.append((runs, kw)) or
+                      execute.Outcome(interrupted=True))
+  with pytest.raises(report_lib.RunInterrupted) as stopped:
+    report_lib.train_planned(_plan(tmp_path), str(tmp_path), report_only=False, jobs=1)
+  assert stopped.value.code == 0
+  assert "rerun the same command to resume" in capsys.readouterr().err
+  (run,), kw = calls[0]
+  assert run.workdir == f"{tmp_path}/sas_p_L1" and kw["log_dir"] == str(tmp_path / "logs")
+  assert run.steps == 3 and "--config.num_train_steps=3" in run.command()
+
+
+def test_failed_runs_are_reported_with_their_error_line(tmp_path, monkeypatch):
+  error = "simplified_flax.train: error: Non-finite loss at step 2 (loss nan, grad norm nan)."
+  monkeypatch.setattr(execute, "run_all", lambda runs, **kw: execute.Outcome(
+      failed={"sas_p_L1": error}))
+  trained = report_lib.train_planned(_plan(tmp_path, ("sas_p_L1", "sas_p_L2")), str(tmp_path),
+                                     report_only=False, jobs=2)
+  assert (trained.results, trained.missing, trained.failed) == ([], ["sas_p_L2"],
+                                                                {"sas_p_L1": error})
+  assert report_lib.failed_lines(trained.failed)[-2] == f"- `sas_p_L1`: {error}"
+  with pytest.raises(SystemExit, match="sas_p_L1 failed: simplified_flax.train: error: Non"):
+    report_lib.require_results(trained)
+  with pytest.raises(SystemExit, match="1 run.s. failed: sas_p_L1"):
+    report_lib.exit_if_failed(trained.failed)
+  # outlier_features keeps a non-finite run as diverged, marked so that a rerun skips it.
+  monkeypatch.setattr(report_lib, "train_planned", lambda planned, *a: report_lib.Trained(
+      [], [], {p[0]: error for p in planned}))
+  planned = [(name, "preln:cpu", {"num_train_steps": 3}, {"variant": "preln", "name": name})
+             for name in ("preln_adamw_lr0.1_s3",)]
+  measured, failed = outlier_features.train_and_measure(planned, str(tmp_path), False)
+  assert failed == {} and measured["preln_adamw_lr0.1_s3"]["diverged"]
+  assert (tmp_path / "preln_adamw_lr0.1_s3" / outlier_features.DIVERGED_FILE).exists()
+  monkeypatch.setattr(report_lib, "train_planned", lambda planned, *a: report_lib.Trained(
+      [], [], {}) if not planned else pytest.fail(f"trains {planned} again"))
+  assert outlier_features.train_and_measure(planned, str(tmp_path), False)[0] == measured
+
+
+def test_a_bad_override_or_jobs_is_one_line_before_anything_runs(tmp_path, monkeypatch):
+  monkeypatch.setattr(execute, "run_all", lambda runs, **kw: pytest.fail("ran"))
+  bad = [("x", "sas_p:cpu", {"model.n_layers": 2}, {})]
+  with pytest.raises(SystemExit, match="error: run x: .*n_layers"):
+    report_lib.train_planned(bad, str(tmp_path), report_only=False)
+  with pytest.raises(SystemExit, match="--jobs=0"):
+    report_lib.train_planned(_plan(tmp_path), str(tmp_path), report_only=False, jobs=0)
 
 
 @pytest.mark.slow
 def test_outlier_features_end_to_end_then_reports_without_training(tmp_path):
   data = write_corpus(tmp_path / "corpus")
   args = ["--variants=preln,op", "--optimizers=adamw", "--sweep_lrs=1e-3",
-          "--num_train_steps=4"]
+          "--num_train_steps=4", "--jobs=2"]
   first = _script("outlier_features", args, tmp_path, data)
   assert first.returncode == 0, first.stderr[-3000:]
   result = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -265,4 +331,4 @@ def test_outlier_features_end_to_end_then_reports_without_training(tmp_path):
 
   again = _script("outlier_features", args + ["--report_only"], tmp_path, data)
   assert again.returncode == 0, again.stderr[-3000:]
-  assert "Model:" not in again.stdout and "full precision" not in again.stdout
+  assert "run(s) in" not in again.stdout and "full precision" not in again.stdout
