@@ -125,31 +125,3 @@ def report(results: dict) -> str:
                     f"{results['load_average_1m']:.1f} when done). Corpus: the interpreter's "
                     "stdlib, byte tokenizer, 17 shards (prepared in "
                     f"{results['prepare_s']:.1f} s).", "", lines(results)])
-
-
-def _report(results: dict) -> str:
-  lines = ["# Input pipeline throughput (pipeline alone, one host)", "",
-           f"    {results['command']}", "",
-           f"Host: {results['host_cpus']} CPU cores, shared (load average "
-           f"{results['load_average_1m']:.1f} when done). Corpus: the interpreter's stdlib "
-           "(30M bytes), byte tokenizer, prepared once into 17 shards in "
-           f"{results['prepare_s']:.1f} s. 16,384 tokens per batch.", "",
-           "| model | T | packing | batch | tokens/s |", "|---|---|---|---|---|"]
-  lines += [f"| {r['kind']} | {r['T']} | {r['packing']} | {r['batch']} | "
-            f"{r['tokens_per_s']:,.0f} |" for r in results["pipeline"]]
-  lines += ["", f"Resume deep in a run (build, set_state at batch 10^7, next batch): "
-            f"{results['resume_at_batch_1e7_s']:.2f} s.", "",
-            "| training step at the paper's shape | tokens/s | slowest pipeline setting / it |",
-            "|---|---|---|"]
-  lines += [f"| {k} | {v:,.0f} | {results['slowest_pipeline_over_consumer'][k]:,.1f}x |"
-            for k, v in results["consumers_tokens_per_s"].items()]
-  if "grain" in results:
-    lines += ["", f"grain {results['grain'][0]['grain_version']} against the hand-written "
-              "iterator (same pipeline, one after the other; tokens/s, ratio to hand-written):",
-              "", "| model | T | packing | hand-written | grain rows | grain batches |",
-              "|---|---|---|---|---|---|"]
-    lines += [f"| {r['kind']} | {r['T']} | {r['packing']} | {r['hand_written']:,.0f} | "
-              f"{r['grain_rows']:,.0f} ({r['grain_rows_ratio']:.2f}x) | "
-              f"{r['grain_batches']:,.0f} ({r['grain_batches_ratio']:.2f}x) |"
-              for r in results["grain"]]
-  return "\n".join(lines) + "\n"
