@@ -223,7 +223,8 @@ def run_for(name: str, config_spec: str, overrides: Mapping[str, object], workdi
             *, variant: str | None = None, point: Mapping[str, object] | None = None,
             seed: int | None = None) -> Run:
   """One run named by its caller (an experiment script's own plan), from Python-valued
-  overrides: the command's texts parse back to exactly those values, else SweepError."""
+  overrides: the command's texts parse back to exactly those values, and a workdir of that
+  name holds no run of another config; else SweepError."""
   texts = tuple(override_text(field, value) for field, value in overrides.items())
   try:
     config = _parse_config(config_spec, texts)
@@ -235,6 +236,7 @@ def run_for(name: str, config_spec: str, overrides: Mapping[str, object], workdi
         list(value) if isinstance(value, tuple) else value):
       raise SweepError(f"run {name}: {field}={value!r} reads back as {parsed!r} on the command "
                        "line; give it as a value ml_collections parses.")
+  _check_existing(join(workdir_root, name), config)
   return Run(name=name, variant=variant or config_spec.partition(":")[0],
              point=tuple((point or {}).items()), seed=config.seed if seed is None else seed,
              config_spec=config_spec, overrides=texts, workdir=join(workdir_root, name),
