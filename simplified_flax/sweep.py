@@ -28,7 +28,8 @@ def main(argv) -> None:
       config_spec=cli.flag_value(given, "config"), shared=shared, variants=f.variants or [],
       grid=f.grid or [], seeds=f.seeds, workdir_root=f.workdir_root, jobs=f.jobs,
       print_only=f["print"].value, report_only=f.report_only, output=f.output,
-      reference=f.reference, best_of=f.best_of, log_dir=f.run_logs, command=command))
+      reference=f.reference, best_of=f.best_of, log_dir=f.run_logs, command=command,
+      quantize=None if f.quantize == "none" else f.quantize))
 
 
 if __name__ == "__main__":
@@ -53,5 +54,10 @@ if __name__ == "__main__":
   flags.DEFINE_string("best_of", None, "A --grid field: also compare each variant at its own "
                       "best value of it (lowest mean final eval loss over seeds).")
   flags.DEFINE_string("run_logs", None, "The runs' logs (default <workdir_root>/logs).")
+  from simplified_flax.model import quantize  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_enum("quantize", "none", list(quantize.SCHEMES), "Also evaluate each "
+                    "finished run's final checkpoint with int8 fake-quantised linear layers "
+                    "(python -m simplified_flax.evaluate --quantize); the report shows the loss "
+                    "increase.")
   flags.mark_flags_as_required(["config"])
   cli.run(main, "simplified_flax.sweep")

@@ -244,3 +244,29 @@ def test_jobs_split_a_hosts_gpus_or_tpu_chips_and_refuse_an_uneven_split():
     execute.device_slots(3, environ={}, gpus=["0", "1", "2", "3"], tpu_chips=0)
   with pytest.raises(plan.SweepError, match="--jobs=3 on this host's 4 TPU chips"):
     execute.device_slots(3, environ={}, gpus=[], tpu_chips=4)
+
+
+def test_a_quantized_evaluation_and_the_peak_kurtosis_reach_the_report(tmp_path):
+  """--quantize=w8a8 evaluates each finished run once more (beside it, in eval_w8a8.json), a
+  rerun evaluates a finished run that lacks it; runs that log diagnostics get a peak-kurtosis
+  column: the largest `kurtosis/layer_i` of any logged step."""
+  root = tmp_path / "root"
+  command = [sys.executable, "-m", "simplified_flax.sweep", "--config=preln:cpu", *TINY,
+             "--config.diagnostics_every=2", "--quantize=w8a8", f"--workdir_root={root}"]
+  first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert first.returncode == 0, first.stderr[-2000:]
+  (name,) = [n for n in os.listdir(root) if "__s" in n]
+  evaluated = json.load(open(root / name / "eval_w8a8.json"))
+  assert evaluated["quantize"] == "w8a8" and evaluated["step"] == 4
+  os.remove(root / name / "eval_w8a8.json")
+  again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert "0 to train, 1 at a time; 1 to evaluate (w8a8)." in again.stdout
+  assert json.load(open(root / name / "eval_w8a8.json")) == evaluated
+  rows = [json.loads(line) for line in open(root / name / "metrics.jsonl")]
+  peak = max(v for r in rows for k, v in r.items() if k.startswith("kurtosis/"))
+  (run,) = json.load(open(root / "report" / "results.json"))["runs"]
+  assert run["peak_kurtosis"] == peak
+  assert run["quantized_loss_increase"] == evaluated["quantized_loss_increase"]
+  text = (root / "report" / "report.md").read_text()
+  assert "| peak kurtosis | w8a8 loss increase |" in text

@@ -20,10 +20,10 @@ def sweep(*, config_spec: str, shared: Sequence[str], variants: Sequence[str],
           grid: Sequence[str], seeds: int, workdir_root: str, jobs: int = 1,
           print_only: bool = False, report_only: bool = False, output: str | None = None,
           reference: str | None = None, best_of: str | None = None,
-          log_dir: str | None = None, command: str = "") -> int:
+          log_dir: str | None = None, command: str = "", quantize: str | None = None) -> int:
   """Runs (or with `print_only` prints, or with `report_only` only reports) the sweep; the
   exit status: 0, or 1 when a run failed. A bad sweep raises plan.SweepError before anything
-  starts."""
+  starts. `quantize` ("w8a8", ...): each finished run is also evaluated so (execute.py)."""
   if jobs < 1:
     raise plan.SweepError(f"--jobs={jobs}: give --jobs=1 or more.")
   runs = plan.build(config_spec, shared, variants, grid, seeds, workdir_root)
@@ -46,13 +46,14 @@ def sweep(*, config_spec: str, shared: Sequence[str], variants: Sequence[str],
     execute.device_slots(jobs)   # a bad --jobs is refused before any run starts
     print(f"Sweep of {len(runs)} runs in {workdir_root} ({jobs} at a time); logs in "
           f"{log_dir or default_log_dir(workdir_root)}", flush=True)
-    outcome = execute.run_all(runs, jobs=jobs, log_dir=log_dir or default_log_dir(workdir_root))
+    outcome = execute.run_all(runs, jobs=jobs, log_dir=log_dir or default_log_dir(workdir_root),
+                              quantize=quantize)
     if outcome.interrupted:
       print("Sweep stopped: every finished run and every stopped run's checkpoint stays; rerun "
             "the same command to go on.", file=sys.stderr, flush=True)
       return 0
   collected = report.write(runs, output, command=command, reference=reference,
-                           best_of=best_of, failed=outcome.failed)
+                           best_of=best_of, failed=outcome.failed, quantize=quantize)
   done = sum(c.summary is not None for c in collected)
   print(f"Wrote {plan.join(output, 'report.md')} ({done} of {len(runs)} runs finished), its "
         "plots and results.json", flush=True)

@@ -1,5 +1,7 @@
 """Runs a sweep: each unfinished run as its own `python -m simplified_flax.train` process,
-`jobs` at a time, each job on its own devices where the host has several.
+`jobs` at a time, each job on its own devices where the host has several. With `quantize`
+(e.g. "w8a8"), each finished run's final checkpoint is then evaluated once more by
+`python -m simplified_flax.evaluate --quantize=...` (results.quantized_eval_file).
 
 A finished run (its history reaches the last step's evaluation) is skipped; an interrupted one
 resumes from its checkpoint, as the train command always does. A run that fails (a NaN loss, a
@@ -103,20 +105,43 @@ def error_line(log_path: str) -> str:
   return (errors or lines or ["exited without output"])[-1]
 
 
+def _evaluate(run: plan.Run, scheme: str, python: str, env: Mapping[str, str], log) -> bool:
+  """`python -m simplified_flax.evaluate --quantize=scheme` on the run's final checkpoint; its
+  JSON line saved beside the run (results.quantized_eval_file). Whether it succeeded."""
+  done = subprocess.run([python, "-m", "simplified_flax.evaluate", f"--workdir={run.workdir}",
+                         f"--quantize={scheme}"], env=env, stdout=subprocess.PIPE,
+                        stderr=log, check=False)
+  lines = done.stdout.decode(errors="replace").strip().splitlines()
+  if done.returncode != 0 or not lines:
+    log.write(done.stdout)
+    return False
+  results.write_quantized_eval(run.workdir, scheme, lines[-1])
+  return True
+
+
 def run_all(runs: Sequence[plan.Run], *, jobs: int = 1, log_dir: str,
-            python: str = sys.executable, say: Callable[[str], None] = print) -> Outcome:
-  """Trains every unfinished run of `runs` (logs in `log_dir/<name>.log`); see the module doc.
+            python: str = sys.executable, say: Callable[[str], None] = print,
+            quantize: str | None = None) -> Outcome:
+  """Trains every unfinished run of `runs` (logs in `log_dir/<name>.log`) and, with `quantize`,
+  evaluates every finished one that lacks its quantized evaluation; see the module doc.
   One progress line per run that ends: runs done / total, its final eval loss, the ETA."""
   outcome = Outcome()
   todo = collections.deque()
   for run in runs:
-    (outcome.finished.append(run.name) if results.is_finished(run.workdir, run.steps)
-     else todo.append(run))
+    if results.is_finished(run.workdir, run.steps):
+      outcome.finished.append(run.name)
+      if quantize and results.quantized_eval(run.workdir, quantize) is None:
+        todo.append(run)   # evaluated only
+    else:
+      todo.append(run)
   slots = device_slots(min(jobs, max(len(todo), 1)))
   total = len(runs)
+  to_train = [run for run in todo if run.name not in outcome.finished]
   if outcome.finished:
     say(f"{len(outcome.finished)} of {total} runs finished already (skipped); "
-        f"{len(todo)} to train, {len(slots)} at a time.")
+        f"{len(to_train)} to train, {len(slots)} at a time"
+        + (f"; {len(todo) - len(to_train)} to evaluate ({quantize})."
+           if len(todo) > len(to_train) else "."))
   if not todo:
     return outcome
   os.makedirs(log_dir, exist_ok=True)
@@ -141,22 +166,38 @@ def run_all(runs: Sequence[plan.Run], *, jobs: int = 1, log_dir: str,
         run = todo.popleft()
       log_path = os.path.join(log_dir, f"{run.name}.log")
       began = time.monotonic()
+      env = {**os.environ, **slot_env}
       with open(log_path, "ab") as log:
+        with lock:
+          evaluate_only = run.name in outcome.finished
+        if evaluate_only:
+          ok = _evaluate(run, quantize, python, env, log)
+          with lock:
+            if not ok:
+              outcome.failed[run.name] = f"{quantize} evaluation: {error_line(log_path)}"
+            say(f"{run.name}: {quantize} evaluation "
+                + ("written" if ok else f"FAILED (log: {log_path})"))
+          continue
         process = subprocess.Popen([python, "-m", plan.TRAIN_MODULE, *run.train_args()],
-                                   env={**os.environ, **slot_env}, stdout=log,
-                                   stderr=subprocess.STDOUT)
+                                   env=env, stdout=log, stderr=subprocess.STDOUT)
         with lock:
           running[run.name] = process
         status = process.wait()
         with lock:
           running.pop(run.name)
+        trained = status == 0 and results.is_finished(run.workdir, run.steps)
+        evaluated = (not trained or not quantize or stopping.is_set()
+                     or _evaluate(run, quantize, python, env, log))
       seconds = time.monotonic() - began
       with lock:
-        if status == 0 and results.is_finished(run.workdir, run.steps):
+        if trained:
           outcome.finished.append(run.name)
           outcome.trained.append(run.name)
           loss = results.final_eval_loss(run.workdir)
-          progress(run, seconds, f"final eval loss {loss:.4f}")
+          if not evaluated:
+            outcome.failed[run.name] = f"{quantize} evaluation: {error_line(log_path)}"
+          progress(run, seconds, f"final eval loss {loss:.4f}"
+                   + ("" if evaluated else f"; {quantize} evaluation FAILED (log: {log_path})"))
         elif status == 0 or stopping.is_set():
           outcome.interrupted = True   # stopped with its checkpoint: resumes on a rerun
           stopping.set()

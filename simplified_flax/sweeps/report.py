@@ -32,12 +32,18 @@ class Collected:
     return self.summary["final_eval_loss"] if self.summary else None
 
 
-def collect(runs: Sequence[plan.Run], failed: dict[str, str] | None = None) -> list[Collected]:
-  """Reads every finished run's workdir (local or gs://)."""
+def collect(runs: Sequence[plan.Run], failed: dict[str, str] | None = None,
+            quantize: str | None = None) -> list[Collected]:
+  """Reads every finished run's workdir (local or gs://): its summary, its peak activation
+  kurtosis (when its diagnostics logged one) and, with `quantize`, its quantized loss increase."""
   out = []
   for run in runs:
-    summary = results.summarise(run.workdir) if results.is_finished(run.workdir, run.steps) \
-        else None
+    summary = None
+    if results.is_finished(run.workdir, run.steps):
+      summary = results.summarise(run.workdir)
+      summary["peak_kurtosis"] = results.peak_kurtosis(summary["history"])
+      quantized = results.quantized_eval(run.workdir, quantize) if quantize else None
+      summary["quantized_loss_increase"] = (quantized or {}).get("quantized_loss_increase")
     out.append(Collected(run, summary, (failed or {}).get(run.name)))
   return out
 
@@ -90,6 +96,8 @@ def summary_rows(groups) -> list[dict]:
     losses = [c.loss for c in finished]
     mean, sd = stats.mean_std(losses)
     speeds = [c.summary["tokens_per_s"] for c in finished if c.summary["tokens_per_s"]]
+    kurtosis = [c.summary.get("peak_kurtosis") for c in finished]
+    increase = [c.summary.get("quantized_loss_increase") for c in finished]
     times = [c.summary["train_s"] for c in finished if c.summary["train_s"]]
     rows.append({"variant": variant, "point": dict(point), "seeds": len(group),
                  "finished": len(finished), "failed": sum(c.error is not None for c in group),
@@ -97,7 +105,9 @@ def summary_rows(groups) -> list[dict]:
                  "final_eval_losses": {c.run.seed: c.loss for c in finished},
                  "params": finished[0].summary["params"] if finished else None,
                  "tokens_per_s": sum(speeds) / len(speeds) if speeds else None,
-                 "train_s": sum(times) / len(times) if times else None})
+                 "train_s": sum(times) / len(times) if times else None,
+                 "peak_kurtosis": stats.mean_std(kurtosis)[0],
+                 "quantized_loss_increase": stats.mean_std(increase)[0]})
   return rows
 
 
@@ -156,7 +166,7 @@ def _point_text(point: dict) -> str:
   return ", ".join(f"{f}={plan.format_value(v)}" for f, v in point.items()) or "-"
 
 
-def markdown(collected, groups, *, reference, best_of, command, plots) -> str:
+def markdown(collected, groups, *, reference, best_of, command, plots, quantize=None) -> str:
   total = len(collected)
   finished = [c for c in collected if c.summary]
   failed = [c for c in collected if c.error]
@@ -171,14 +181,26 @@ def markdown(collected, groups, *, reference, best_of, command, plots) -> str:
            "run's last evaluation (the same validation batches for every run). Tokens/s: the "
            "median logged training throughput, the first interval (compilation) left out.", ""]
   rows = summary_rows(groups)
+  # The outlier-feature columns (the OP paper's), where the runs measured them.
+  extra = [(key, title) for key, title in (
+      ("peak_kurtosis", "peak kurtosis"),
+      ("quantized_loss_increase", f"{quantize} loss increase"))
+           if any(r[key] is not None for r in rows)]
   lines += ["## Final eval loss per grid point", ""]
+  if extra:
+    lines += ["Peak kurtosis: the largest activation kurtosis of any layer over training (the "
+              "diagnostics every `diagnostics_every` steps), mean over seeds. "
+              f"{quantize or ''} loss increase: the final checkpoint's eval loss with int8 "
+              "fake-quantised linear layers minus its full-precision one, mean over seeds.", ""]
   lines += _table(["variant", "grid point", "final eval loss (mean ± sd)", "params", "tokens/s",
-                   "train time"],
+                   "train time"] + [title for _, title in extra],
                   [[f"`{r['variant']}`", _point_text(r["point"]),
                     _mean_sd(list(r["final_eval_losses"].values())) if r["finished"] else "-",
                     f"{r['params']:,}" if r["params"] else "-",
                     f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-",
-                    f"{r['train_s']:.0f} s" if r["train_s"] else "-"] for r in rows]) + [""]
+                    f"{r['train_s']:.0f} s" if r["train_s"] else "-"]
+                   + [_fmt(r[key], 3, sign=key != "peak_kurtosis") for key, _ in extra]
+                   for r in rows]) + [""]
   paired = paired_rows(groups, reference)
   if paired:
     lines += [f"## Against `{reference}`, paired by seed", "",
@@ -287,10 +309,11 @@ def _json_safe(value):
 
 
 def write(runs: Sequence[plan.Run], output: str, *, command: str, reference: str | None = None,
-          best_of: str | None = None, failed: dict[str, str] | None = None) -> list[Collected]:
+          best_of: str | None = None, failed: dict[str, str] | None = None,
+          quantize: str | None = None) -> list[Collected]:
   """Writes `<output>/report.md`, `results.json` and the PNGs (local or gs://); returns the
   collected runs. `reference` defaults to the first variant."""
-  collected = collect(runs, failed)
+  collected = collect(runs, failed, quantize)
   reference = reference or runs[0].variant
   groups = _groups(collected)
   folder = epath.Path(output)
@@ -298,14 +321,15 @@ def write(runs: Sequence[plan.Run], output: str, *, command: str, reference: str
   image_lines = plot(groups, folder) if any(c.summary for c in collected) else []
   (folder / "report.md").write_text(markdown(collected, groups, reference=reference,
                                              best_of=best_of, command=command,
-                                             plots=image_lines))
+                                             plots=image_lines, quantize=quantize))
   data = {"command": command, "reference": reference, "best_of": best_of,
           "runs": [{"name": c.run.name, "variant": c.run.variant, "point": dict(c.run.point),
                     "seed": c.run.seed, "workdir": c.run.workdir,
                     "status": "finished" if c.summary else "failed" if c.error else "not run",
                     "error": c.error,
                     **({k: c.summary[k] for k in ("steps", "params", "final_eval_loss",
-                                                  "final_train_loss", "tokens_per_s", "train_s")}
+                                                  "final_train_loss", "tokens_per_s", "train_s",
+                                                  "peak_kurtosis", "quantized_loss_increase")}
                        if c.summary else {})} for c in collected],
           "points": summary_rows(groups), "paired": paired_rows(groups, reference),
           "best_of_rows": best_of_rows(groups, reference, best_of) if best_of else []}

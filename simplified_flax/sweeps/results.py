@@ -56,3 +56,25 @@ def summarise(workdir: str) -> dict[str, Any]:
 def final_eval_loss(workdir: str) -> float | None:
   evals = [r["eval_loss"] for r in history(workdir) if "eval_loss" in r]
   return evals[-1] if evals else None
+
+
+def quantized_eval_file(workdir: str, scheme: str) -> str:
+  """Where a sweep keeps `python -m simplified_flax.evaluate --quantize=scheme`'s JSON line."""
+  return f"{workdir.rstrip('/')}/eval_{scheme}.json"
+
+
+def write_quantized_eval(workdir: str, scheme: str, line: str) -> None:
+  json.loads(line)   # a JSON object, or the caller's evaluation failed
+  storage.write_atomically(quantized_eval_file(workdir, scheme), lambda f: f.write(line.encode()))
+
+
+def quantized_eval(workdir: str, scheme: str) -> dict | None:
+  path = quantized_eval_file(workdir, scheme)
+  return json.loads(storage.read_text(path)) if storage.exists(path) else None
+
+
+def peak_kurtosis(rows: list[dict]) -> float | None:
+  """The largest activation kurtosis any layer logged over training (`kurtosis/layer_i`, the
+  diagnostics of config.diagnostics_every), or None when none was logged."""
+  values = [v for r in rows for k, v in r.items() if k.startswith("kurtosis/")]
+  return max(values) if values else None
