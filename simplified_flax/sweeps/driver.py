@@ -37,8 +37,11 @@ def sweep(*, config_spec: str, shared: Sequence[str], variants: Sequence[str],
                           + (f" ({', '.join(grid_fields)})" if grid_fields else " (no --grid)")
                           + f"; add --grid={best_of}=v1,v2,...")
   if print_only:
-    for run in runs:
-      print(run.command(), flush=True)
+    try:
+      for run in runs:
+        print(run.command(), flush=True)
+    except BrokenPipeError:   # `--print | head`: the reader took what it wanted
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
   output = output or plan.join(workdir_root, "report")
   outcome = execute.Outcome()
