@@ -54,20 +54,35 @@ def _variant_lines(rows, paper) -> List[str]:
   for r in rows:
     if not r.get("fits", True) and "roofline_step_s" not in r:
       table.append([r["target"], _impl(r), r["variant"], "-", "-", "-", "-", "-", "-", "-",
-                    "-", "does not fit"])
+                    "-", "does not fit", _fast_cell(r)])
       continue
     table.append([r["target"], _impl(r), r["variant"], f"{r['flops_per_device'] / 1e12:.2f}",
                   f"{r['bytes_per_device'] / 1e9:.2f} ({r.get('bytes_x_preln', 0):.3f})",
                   f"{r['non_matmul_bytes_per_device'] / 1e9:.1f}", _between_devices_cell(r),
                   f"{r['roofline_step_s'] * 1e3:.2f}", f"{r.get('x_preln', 0):.3f}",
                   paper.get(r["variant"], "-"), _xla_bytes_cell(r),
-                  f"{r['memory_per_device_bytes']['total'] / GiB:.2f} ({r['attention_kernel']})"])
+                  f"{r['memory_per_device_bytes']['total'] / GiB:.2f} ({r['attention_kernel']})",
+                  _fast_cell(r)])
   return report_lib.markdown_table(
       ["target", "path", "variant", "TFLOP/device", "GB moved (x Pre-LN)", "non-matmul GB",
        "between devices GB", "roofline ms", "x Pre-LN", "paper", "XLA bytes GB (x Pre-LN)",
-       "GiB/device (kernel)"],
+       "GiB/device (kernel)", "fast path"],
       table,
-      align="lll" + "r" * 9)
+      align="lll" + "r" * 9 + "l")
+
+
+def _fast_cell(row) -> str:
+  """Whether the speed package built the row's program ("applied"), or the field that made it
+  the reference model. Rows compiled before the compile report recorded it: read from the
+  row's config against today's table of verified settings (fast/plan.py), marked "*"."""
+  path, mark = row.get("fast_path"), ""
+  if path is None:
+    import configs  # pylint: disable=import-outside-toplevel
+    from simplified_flax.aot import report  # pylint: disable=import-outside-toplevel
+    path, mark = report.fast_path(configs.load(row["variant"], row["overrides"]).model), "*"
+  cell = path if path == "applied" or path.startswith("off") else \
+      "reference (" + path.split("model.", 1)[-1].split(" ", 1)[0] + ")"
+  return cell + mark
 
 
 def _non_matmul_lines(rows) -> List[str]:
@@ -204,6 +219,10 @@ def markdown(results: Dict[str, Any]) -> str:
            "accesses and memory-space assignment's copies too (docs/compile.md).", ""]
   if results.get("variants"):
     lines += ["## Decoder variants (paper shape)", "",
+              "'Fast path': 'applied' where the speed package built the program (docs/fast.md), "
+              "else 'reference' and the first setting it has not verified; '*' where the row "
+              "predates the compile report's record of it and the cell reads the row's config "
+              "against today's table (fast/plan.py).", "",
               *_variant_lines(results["variants"], PAPER_TABLE), ""]
     split = _non_matmul_lines(results["variants"])
     lines += [*split, ""] if split else []

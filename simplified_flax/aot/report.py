@@ -30,8 +30,10 @@ from simplified_flax.aot import collectives
 from simplified_flax.aot import hlo_costs
 from simplified_flax.aot import targets
 from simplified_flax.fast import attention_kernels
+from simplified_flax.fast import grad_rules
+from simplified_flax.fast import plan as fast_plan
 
-KEYS = ("target", "devices", "hosts", "mesh", "attention_kernel", "attention_note",
+KEYS = ("target", "devices", "hosts", "mesh", "fast_path", "attention_kernel", "attention_note",
         "memory_per_device_bytes", "device_memory_bytes", "fits", "flops_per_device",
         "bytes_per_device", "non_matmul_bytes_per_device", "collective_bytes_per_device",
         "roofline_step_s", "tokens_per_s_bound", "mfu_bound", "compile_s")
@@ -68,6 +70,15 @@ def attention_note(config, platform: str, kernel: str) -> str | None:
   return attention_kernels.why_no_kernel(m.attention_impl, dtype=config.dtype,
                                          soft_capped=m.dot_norm_type == "tanh",
                                          seq_len=m.context_length, backend=platform)
+
+
+def fast_path(model_config) -> str:
+  """"applied" where the speed package built the program, else why it is the reference
+  model: the unverified field and value (fast/plan.py), or the rules turned off."""
+  if grad_rules.parse(grad_rules.mode_of(model_config))[0] == "off":
+    return "off (model.grad_rules='off')"
+  reason = fast_plan.unverified(model_config)
+  return "applied" if reason is None else f"reference: {reason}"
 
 
 def _shard_bytes(tree) -> int:
@@ -120,6 +131,7 @@ def summarize(compiled, config) -> dict[str, Any]:
       "hosts": targets.hosts_of(compiled.devices),
       "slices": target.num_slices,
       "mesh": dict(compiled.placement.mesh.shape),
+      "fast_path": fast_path(config.model),
       "attention_kernel": kernel,
       "attention_note": attention_note(config, target.platform, kernel),
       "memory_per_device_bytes": memory,
