@@ -52,12 +52,15 @@ def model_config() -> ml_collections.ConfigDict:
   m.scan_residuals = "matmuls"       # scanned, no remat: keep matmul/kernel outputs, or "all"
 
   # Norms (docs/model.md, "The block").
-  m.norm_type = "rmsnorm"            # "ln", "rmsnorm" or "none"
-  m.norm_position = "pre"            # "pre" or "post"
+  m.norm_type = "rmsnorm"            # "ln", "rmsnorm", "dyt", "derf" or "none"
+  m.norm_position = "pre"            # "pre", "post" or "peri" (Peri-LN: also each branch's
+                                     # output and the embedding normed)
   m.norm_eps = 1e-5
   m.parallel_layers = False
   m.qk_norm_type = "none"            # "none" or "rmsnorm" (per-head, OP block)
   m.dot_norm_type = "none"           # "none" or "tanh" (30*tanh(logits/30) soft-cap)
+  m.attn_output_gate = False         # gated attention (Qiu et al. 2025): the attention output
+                                     # times sigmoid(x W_g) before Proj (docs/model.md)
 
   # Block gains (scalars).
   m.attn_block_resid_gain = 1.0
@@ -93,6 +96,16 @@ def model_config() -> ml_collections.ConfigDict:
   m.key_init_std = _placeholder(float)
   m.val_proj_init_std = _placeholder(float)
   m.mlp_proj_init_std = _placeholder(float)
+
+  # nGPT (Loshchilov et al., ICLR 2025; model/ngpt.py, docs/model.md "nGPT"): hidden states
+  # and weight vectors on the unit sphere, no norm layers, Norm(h + alpha (Norm(F(h)) - h))
+  # updates; the optimiser renormalises the weights after every step (training/optimizer.py).
+  m.ngpt = False
+  # CompleteP (Dey et al. 2025, depth-muP; docs/model.md "CompleteP"): every residual branch
+  # times (L_base / L)^alpha, and the optimiser's learning rate times m_L^(alpha - 1) and
+  # AdamW eps times m_L^-alpha inside the blocks, m_L = n_layer / depth_mup_base_layers.
+  m.depth_mup_alpha = _placeholder(float)        # None: off; CompleteP: 1.0 (0.5: Yang et al.)
+  m.depth_mup_base_layers = _placeholder(int)    # L_base, where the block is Pre-LN's exactly
 
   m.dropout_rate = 0.0               # embedding, attention and residual dropout
 

@@ -108,6 +108,16 @@ def authors_config(m, eod_id: int | None = None) -> dict[str, Any]:
   _require(m.norm_type in AUTHORS_NORM_TYPES, f"model.norm_type={m.norm_type!r}: the authors' "
            f"code has {' / '.join(AUTHORS_NORM_TYPES)} norms only; this run cannot be written "
            "as theirs (its checkpoint stays readable here).")
+  _require(m.norm_position in ("pre", "post") and not m.get("attn_output_gate", False),
+           f"model.norm_position={m.norm_position!r} / model.attn_output_gate="
+           f"{m.get('attn_output_gate', False)}: the authors' code has pre / post norms and no "
+           "attention output gate; this run cannot be written as theirs (its checkpoint stays "
+           "readable here).")
+  _require(not m.get("ngpt", False) and m.get("depth_mup_alpha") is None,
+           f"model.ngpt={m.get('ngpt', False)} / model.depth_mup_alpha="
+           f"{m.get('depth_mup_alpha')}: the authors' code has neither nGPT's normalised layers "
+           "nor CompleteP's depth-scaled branches; this run cannot be written as theirs (its "
+           "checkpoint stays readable here).")
   activation = {v: k for k, v in ACTIVATIONS.items()}[m.activation]
   config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
             "vocab_size": int(m.vocab_size), "n_positions": int(m.max_position_embeddings),

@@ -64,6 +64,7 @@ VERIFIED = {
     "parallel_layers": _BOOL,
     "qk_norm_type": _one_of("none", "rmsnorm"),
     "dot_norm_type": _one_of("none"),
+    "attn_output_gate": _one_of(False),   # gated attention: the reference model only, for now
     "attn_block_resid_gain": _number, "attn_block_skip_gain": _number,
     "mlp_block_resid_gain": _number, "mlp_block_skip_gain": _number,
     "trainable_attn_block_gains": _BOOL, "trainable_mlp_block_gains": _BOOL,
@@ -78,6 +79,9 @@ VERIFIED = {
     "proj_init_type": _one_of("normal", "orth", "id"), "trainable_proj_gains": _BOOL,
     "last_layer_proj_resid_gain": _number_or_none,
     "dropout_rate": _one_of(0.0),
+    # nGPT and CompleteP: the reference model only, for now (their default values only).
+    "ngpt": _one_of(False),
+    "depth_mup_alpha": _one_of(None), "depth_mup_base_layers": _one_of(None),
 }
 # Fields that cannot change what the fast model computes from given parameters: initial
 # values (the reference model initialises; a plan never does), the loss's head (training's),

@@ -41,9 +41,21 @@ def attention_gains(module: nn.Module, m):
   return resid_H, skip_H, centre_H
 
 
+def output_gate(x_BTD, out_BTHd, dtype) -> jax.Array:
+  """Gated attention (Qiu et al. 2025, arXiv 2505.06708, their gate G1, elementwise and
+  head-specific): the attention output [B, T, H, d] times `sigmoid(x W_g)`, x the sub-block's
+  input [B, T, D], W_g [D, D] (`gate`) N(0, 0.02) with no bias, as their query projection it
+  extends. Query-dependent: each token's gate reads that token alone, so a cached step gates
+  exactly as the full pass (docs/model.md, "Gated attention")."""
+  gate_BTD = layers.dense(x_BTD.shape[-1], dtype, "gate")(x_BTD)
+  gate_BTHd = jax.nn.sigmoid(gate_BTD.astype(jnp.float32)).reshape(out_BTHd.shape)
+  return out_BTHd * gate_BTHd.astype(out_BTHd.dtype)
+
+
 class AttentionSubBlock(nn.Module):
   """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (Eqs. (3)-(7)), per
-  head alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain. With
+  head alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain; with
+  `attn_output_gate`, `Proj(sigmoid(x W_g) * merge(...))` (`output_gate`). With
   `cache_index` [B]: T new tokens per row against this layer's `cache` (kv_cache.py)."""
   cfg: Any     # FrozenConfigDict: the model config
   layer: int
@@ -80,6 +92,8 @@ class AttentionSubBlock(nn.Module):
       if impl == "explicit":
         out_BTHd, probs_BHTT = out_BTHd
         self.sow("intermediates", "attn_probs", probs_BHTT)
+    if m.get("attn_output_gate", False):   # every form and the cache alike: a gate on the output
+      out_BTHd = output_gate(x_BTD, out_BTHd, self.dtype)
     return layers.ReparamLinear(valproj.proj_settings(m, self.layer), self.dtype, name="proj")(
         out_BTHd.reshape(B, T, D), anchors.get("proj"))
 
@@ -92,11 +106,39 @@ def block_norms(m, layer: int, dtype):
           layers.make_norm(m.norm_type, m.norm_eps, dtype, "norm2"))
 
 
+def block_output_norms(m, dtype):
+  """(norm1_out, norm2_out): with norm_position="peri" (Peri-LN: Kim et al. 2025, arXiv
+  2502.02732), the norms of `norm_type` on the attention's and the MLP's outputs, scale
+  initialised to 1 (docs/model.md, "Peri-LN"); else the identity, with no parameters."""
+  if m.norm_position != "peri":
+    return (lambda x: x), (lambda x: x)
+  return (layers.make_norm(m.norm_type, m.norm_eps, dtype, "norm1_out"),
+          layers.make_norm(m.norm_type, m.norm_eps, dtype, "norm2_out"))
+
+
+def depth_multiplier(m):
+  """CompleteP's m_L = n_layer / depth_mup_base_layers (Dey et al. 2025, Table 1), or None
+  without `depth_mup_alpha` (docs/model.md, "CompleteP")."""
+  if m.get("depth_mup_alpha") is None:   # absent from configs saved before it
+    return None
+  return m.n_layer / m.depth_mup_base_layers
+
+
+def depth_branch_multiplier(m) -> float:
+  """m_L^-alpha = (L_base / L)^alpha, the factor on every residual branch (on top of its
+  resid gain) that makes the learning rate transfer across depth; exactly 1 at L = L_base
+  and without `depth_mup_alpha` (the block is then Pre-LN's, unchanged)."""
+  m_L = depth_multiplier(m)
+  return 1.0 if m_L is None else float(m_L ** -m.depth_mup_alpha)
+
+
 class Block(nn.Module):
   """One block, sequential or parallel (Eqs. (1) and (2)), x [B, T, D] -> [B, T, D]. The
   parallel form reads only `norm1`; `norm2` is still created there, as in the authors'
   code, so that parameter counts and converted checkpoints line up with theirs. A skip whose
-  gain is 0 is omitted, not multiplied by 0. The residual stream is held in `dtype`.
+  gain is 0 is omitted, not multiplied by 0. The residual stream is held in `dtype`. With
+  norm_position="peri" (sequential only) each branch's output passes its own norm
+  (`norm1_out`, `norm2_out`) before the skip adds it: x + Norm_out(F(Norm_in(x))).
   """
   cfg: Any
   layer: int
@@ -112,30 +154,34 @@ class Block(nn.Module):
     drop = nn.Dropout(m.dropout_rate, deterministic=not train)
     attn = AttentionSubBlock(m, self.layer, self.causal, self.dtype, name="attn")
     mlp = mlp_lib.MLP(m, self.dtype, name="mlp")
-    attn_fn = lambda h_BTD: drop(attn(h_BTD, anchors, key_mask=key_mask,
-                                      segment_ids=segment_ids, cache_index=cache_index,
-                                      lengths=lengths))
-    mlp_fn = lambda h_BTD: drop(mlp(h_BTD))
+    norm1_out, norm2_out = block_output_norms(m, self.dtype)
+    attn_fn = lambda h_BTD: drop(norm1_out(attn(h_BTD, anchors, key_mask=key_mask,
+                                                segment_ids=segment_ids,
+                                                cache_index=cache_index, lengths=lengths)))
+    mlp_fn = lambda h_BTD: drop(norm2_out(mlp(h_BTD)))
     gain = lambda name, kind: layers.gain(self, name, m[name], m[f"trainable_{kind}_block_gains"])
+    branch_scale = depth_branch_multiplier(m)   # CompleteP's (L_base / L)^alpha, else 1
+    resid = lambda kind: (gain(f"{kind}_block_resid_gain", kind) if branch_scale == 1
+                          else branch_scale * gain(f"{kind}_block_resid_gain", kind))
 
     if m.parallel_layers:   # Eq. (2): one norm feeds both branches; the skip gain is fixed
       h_BTD = norm1(x_BTD)
       if m.norm_type != "none":
         norm2(h_BTD)   # created, unread: see the class docstring
-      out_BTD = (gain("mlp_block_resid_gain", "mlp") * mlp_fn(h_BTD)
-                 + gain("attn_block_resid_gain", "attn") * attn_fn(h_BTD))
+      out_BTD = resid("mlp") * mlp_fn(h_BTD) + resid("attn") * attn_fn(h_BTD)
       if m.mlp_block_skip_gain != 0:
         out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD
       return out_BTD.astype(self.dtype)
 
     # Eq. (1): x = resid * branch(norm(x)) + skip * x, first attention then MLP; with
-    # norm_position="post" the norm is applied to x itself before the sub-block instead.
-    assert m.norm_position in ("pre", "post"), m.norm_position
+    # norm_position="post" the norm is applied to x itself before the sub-block instead;
+    # "peri" is "pre" whose branches end in their output norms (attn_fn, mlp_fn above).
+    assert m.norm_position in layers.NORM_POSITIONS, m.norm_position
     for kind, norm, branch in (("attn", norm1, attn_fn), ("mlp", norm2, mlp_fn)):
       if m.norm_position == "post":
         x_BTD = norm(x_BTD)
-      h_BTD = norm(x_BTD) if m.norm_position == "pre" else x_BTD
-      out_BTD = gain(f"{kind}_block_resid_gain", kind) * branch(h_BTD)
+      h_BTD = x_BTD if m.norm_position == "post" else norm(x_BTD)
+      out_BTD = resid(kind) * branch(h_BTD)
       if m[f"{kind}_block_skip_gain"] != 0:
         out_BTD = out_BTD + gain(f"{kind}_block_skip_gain", kind) * x_BTD
       x_BTD = out_BTD.astype(self.dtype)

@@ -10,11 +10,14 @@ import jax.numpy as jnp
 
 from simplified_flax.model import quantize
 
-NORM_TYPES = ("ln", "rmsnorm", "dyt", "none")
+NORM_TYPES = ("ln", "rmsnorm", "dyt", "derf", "none")
+NORM_POSITIONS = ("pre", "post", "peri")   # where a block's norms sit (model/block.py)
 INIT_TYPES = ("normal", "orth", "id")
 ACTIVATIONS = ("leaky_relu", "gelu")
 PLAIN_STD = 0.02   # N(0, 0.02): every plain weight (GPT-2), no depth rescaling
 DYT_ALPHA_INIT = 0.5   # DyT's alpha_0 (Zhu et al. 2025, Sec. 4: 0.5 for every non-LLM model)
+DERF_ALPHA_INIT = 0.5   # Derf's alpha_0 and s_0 (Chen et al. 2025, arXiv 2512.10938: as DyT's
+DERF_SHIFT_INIT = 0.0   # alpha_0; s a learnable scalar from 0)
 
 
 def gain(module: nn.Module, name: str, value: float, trainable: bool, shape=()) -> jax.Array:
@@ -59,14 +62,37 @@ class DyT(nn.Module):
     return (gamma_D * jnp.tanh(alpha * x.astype(jnp.float32)) + beta_D).astype(self.dtype)
 
 
+class Derf(nn.Module):
+  """Dynamic erf (Chen, Lu, Zhu, Sun, Liu, "Stronger Normalization-Free Transformers", arXiv
+  2512.10938): `gamma * erf(alpha * x + s) + beta` over the last axis, in place of a norm;
+  alpha and s learnable scalars from `alpha_init` and `shift_init`, gamma [D] ones, beta [D]
+  zeros. Both scalars are named as gains (`alpha_gain`, `shift_gain`): never weight-decayed,
+  logged with the gains, as DyT's alpha."""
+  alpha_init: float = DERF_ALPHA_INIT
+  shift_init: float = DERF_SHIFT_INIT
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    D = x.shape[-1]
+    alpha = self.param("alpha_gain", nn.initializers.constant(self.alpha_init), (), jnp.float32)
+    shift = self.param("shift_gain", nn.initializers.constant(self.shift_init), (), jnp.float32)
+    gamma_D = self.param("scale", nn.initializers.ones, (D,), jnp.float32)
+    beta_D = self.param("bias", nn.initializers.zeros, (D,), jnp.float32)
+    erf = jax.scipy.special.erf(alpha * x.astype(jnp.float32) + shift)
+    return (gamma_D * erf + beta_D).astype(self.dtype)
+
+
 def make_norm(norm_type: str, eps: float, dtype, name: str) -> Callable:
-  """A norm module ("rmsnorm", "ln", "dyt"), or the identity for "none"."""
+  """A norm module ("rmsnorm", "ln", "dyt", "derf"), or the identity for "none"."""
   if norm_type == "rmsnorm":
     return RMSNorm(eps=eps, dtype=dtype, name=name)
   if norm_type == "ln":
     return nn.LayerNorm(epsilon=eps, dtype=dtype, name=name)
   if norm_type == "dyt":
     return DyT(dtype=dtype, name=name)
+  if norm_type == "derf":
+    return Derf(dtype=dtype, name=name)
   assert norm_type == "none", norm_type
   return lambda x: x
 

@@ -21,6 +21,7 @@ from simplified_flax.model import kv_cache
 from simplified_flax.model import layer_stack
 from simplified_flax.model import layers
 from simplified_flax.model import masks
+from simplified_flax.model import ngpt
 from simplified_flax.model import valproj
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -40,8 +41,9 @@ class Transformer(nn.Module):
 
   @nn.nowrap
   def block_class(self) -> type:
-    """The block every layer runs: `block.Block` (the speed package passes its own)."""
-    return block.Block
+    """The block every layer runs: `block.Block`, or nGPT's (`model.ngpt`; model/ngpt.py)
+    (the speed package passes its own)."""
+    return ngpt.Block if self.cfg.get("ngpt", False) else block.Block
 
   @nn.nowrap
   def block_attributes(self) -> dict:
@@ -70,10 +72,10 @@ class Transformer(nn.Module):
     anchors = self.variable("constants", "anchors", lambda: valproj.anchor_matrices(
         self.make_rng("params"), m)).value
 
-    wte = layers.Embed(m.vocab_size, m.n_embd, name="wte",
-                       embedding_init=layers.normal_init(layers.PLAIN_STD))
-    wpe = nn.Embed(m.max_position_embeddings, m.n_embd, name="wpe",
-                   embedding_init=layers.normal_init(layers.PLAIN_STD))
+    hypersphere = m.get("ngpt", False)   # nGPT: unit-norm rows (model/ngpt.py)
+    table_init = ngpt.unit_norm_init(-1) if hypersphere else layers.normal_init(layers.PLAIN_STD)
+    wte = layers.Embed(m.vocab_size, m.n_embd, name="wte", embedding_init=table_init)
+    wpe = nn.Embed(m.max_position_embeddings, m.n_embd, name="wpe", embedding_init=table_init)
     cache_index_B = None
     if decode:
       if not self.causal or segment_ids is not None or key_mask is not None or train:
@@ -86,6 +88,10 @@ class Transformer(nn.Module):
     else:   # the position inside each (contiguous) segment
       positions_BT = jnp.arange(T) - masks.segment_run_starts(segment_ids)
     x_BTD = (wte(tokens_BT, lookup) + wpe(positions_BT)).astype(self.dtype)
+    if hypersphere:   # nGPT's first hidden state is on the sphere too
+      x_BTD = ngpt.unit_norm(x_BTD).astype(self.dtype)
+    if m.norm_position == "peri":   # Peri-LN norms the embedding too (docs/model.md, "Peri-LN")
+      x_BTD = layers.make_norm(m.norm_type, m.norm_eps, self.dtype, "ln_emb")(x_BTD)
     x_BTD = nn.Dropout(m.dropout_rate, deterministic=not train)(x_BTD)
 
     x_BTD = layer_stack.run_blocks(self, m, x_BTD, anchors, causal=self.causal, dtype=self.dtype,
@@ -100,14 +106,19 @@ class Transformer(nn.Module):
     multiple = m.get("vocab_pad_multiple", 1)
     padded = -(-m.vocab_size // multiple) * multiple
     table_VD = jnp.pad(wte.embedding, ((0, padded - m.vocab_size), (0, 0)))
-    return layers.tied_head(x_BTD, table_VD, self.dtype)[..., :m.vocab_size]
+    logits_BTV = layers.tied_head(x_BTD, table_VD, self.dtype)[..., :m.vocab_size]
+    if hypersphere:   # nGPT's z = s_z * (h E^T) (model/ngpt.py)
+      logits_BTV = logits_BTV * ngpt.logit_scale(self, m.vocab_size)
+    return logits_BTV
 
 
 def final_norm(m, dtype):
-  """The norm before the head: a LayerNorm, or DyT where the blocks use it (Zhu et al. replace
-  every norm, the final one included)."""
-  if m.norm_type == "dyt":
-    return layers.DyT(dtype=dtype, name="ln_f")
+  """The norm before the head: a LayerNorm, or DyT / Derf where the blocks use it (Zhu et al.
+  and Chen et al. replace every norm, the final one included); none in nGPT (the identity)."""
+  if m.get("ngpt", False):
+    return lambda x: x
+  if m.norm_type in ("dyt", "derf"):
+    return layers.make_norm(m.norm_type, m.norm_eps, dtype, "ln_f")
   return nn.LayerNorm(epsilon=m.norm_eps, dtype=dtype, name="ln_f")
 
 

@@ -80,7 +80,8 @@ def validate_model_config(m, require_vocab: bool = True) -> None:
           f"model.max_position_embeddings={m.max_position_embeddings}: raise "
           f"max_position_embeddings or shorten context_length.")
   for name, allowed in (("kind", ("decoder", "encoder")), ("norm_type", layers.NORM_TYPES),
-                        ("norm_position", ("pre", "post")), ("qk_norm_type", ("none", "rmsnorm")),
+                        ("norm_position", layers.NORM_POSITIONS),
+                        ("qk_norm_type", ("none", "rmsnorm")),
                         ("dot_norm_type", ("none", "tanh")), ("activation", layers.ACTIVATIONS),
                         ("val_init_type", layers.INIT_TYPES),
                         ("proj_init_type", layers.INIT_TYPES),
@@ -94,10 +95,33 @@ def validate_model_config(m, require_vocab: bool = True) -> None:
   for name in ("scan_layers", "remat"):
     one_of(m.get(name, False), (False, True), f"model.{name}")
   one_of(m.get("loss_keep_logits", True), (False, True), "model.loss_keep_logits")
+  one_of(m.get("attn_output_gate", False), (False, True), "model.attn_output_gate")
   one_of(m.get("scan_residuals", "matmuls"), layer_stack.SCAN_RESIDUALS, "model.scan_residuals")
   _in_range(m, "norm_eps", 0, low_open=True, prefix="model.")
   _in_range(m, "dropout_rate", 0, 1, high_open=True, prefix="model.")
   _model_structure_rules(m)
+  _ngpt_and_depth_mup_rules(m)
+
+
+def _ngpt_and_depth_mup_rules(m) -> None:
+  """nGPT (`model.ngpt`, model/ngpt.py) and CompleteP (`model.depth_mup_*`, model/block.py)."""
+  ngpt = m.get("ngpt", False)   # absent from configs saved before it
+  one_of(ngpt, (False, True), "model.ngpt")
+  if ngpt:
+    require(m.kind == "decoder", f"model.ngpt=True is nGPT's decoder; model.kind={m.kind!r} "
+            "has no nGPT form here: use model.kind='decoder' or model.ngpt=False.")
+    require(not m.parallel_layers, "model.parallel_layers=True has no nGPT form (its layer "
+            "is sequential, model/ngpt.py): set model.parallel_layers=False.")
+  if m.get("depth_mup_alpha") is None:
+    return
+  require(not ngpt, f"model.depth_mup_alpha={m.depth_mup_alpha!r} scales residual branches, "
+          "which nGPT's normalised update does not have: unset model.depth_mup_alpha or set "
+          "model.ngpt=False.")
+  _in_range(m, "depth_mup_alpha", 0.5, 1, prefix="model.",
+            meaning=" (1: CompleteP; 0.5: the 1/sqrt(L) branches of Yang et al.)")
+  _int_at_least(m, "depth_mup_base_layers", 1, prefix="model.", meaning=(
+      ": the depth L_base at which the learning rate was tuned and the block is Pre-LN's "
+      "(e.g. --config.model.depth_mup_base_layers=4)"))
 
 
 def _model_structure_rules(m) -> None:
@@ -111,6 +135,10 @@ def _model_structure_rules(m) -> None:
             f"model.norm_position={m.norm_position!r} is not supported with "
             f"model.parallel_layers=True: the parallel block normalises its input once; "
             f"use norm_position='pre'.")
+  require(m.norm_position != "peri" or m.norm_type != "none",
+          "model.norm_position='peri' norms each sub-layer's output, but model.norm_type='none' "
+          "has no norm to put there: set model.norm_type (e.g. 'rmsnorm') or use "
+          "norm_position='pre'.")
   require(m.tie_valproj_init == "none" or (m.value_skip_gain is not None
                                            and m.proj_skip_gain is not None),
           f"model.tie_valproj_init={m.tie_valproj_init!r} ties the fixed matrices of "
@@ -184,6 +212,10 @@ def _optimizer_rules(config) -> None:
     _in_range(config, f"optimizer.{beta}", 0, 1, high_open=True)
   _in_range(config, "optimizer.eps", 0, low_open=True)
   _in_range(config, "optimizer.grad_clip_norm", 0, meaning=" (0: no clipping)")
+  require(o.get("name", "adamw") == "adamw" or config.model.get("depth_mup_alpha") is None,
+          f"optimizer.name={o.get('name')!r} with model.depth_mup_alpha="
+          f"{config.model.get('depth_mup_alpha')}: CompleteP's learning-rate and eps rules "
+          "(Dey et al. 2025, Table 1) are AdamW's; use optimizer.name='adamw'.")
   if o.get("name", "adamw") == "muon":
     _in_range(config, "optimizer.muon_beta", 0, 1, high_open=True)
     _in_range(config, "optimizer.muon_rms", 0, low_open=True)

@@ -54,10 +54,11 @@ class HeadSpec:
 
   @classmethod
   def from_config(cls, model_config, dtype: str):
-    """The spec of `model_config`; None when model.loss_vocab_chunk_size is 0 (full logits).
-    Configs saved before the fields existed get the defaults."""
+    """The spec of `model_config`; None when model.loss_vocab_chunk_size is 0 (full logits)
+    or for nGPT (`model.ngpt`), whose head scales each logit by its own s_z: the loss then
+    reads the model's logits. Configs saved before the fields existed get the defaults."""
     chunk_size = model_config.get("loss_vocab_chunk_size", DEFAULT_CHUNK)
-    if not chunk_size:
+    if not chunk_size or model_config.get("ngpt", False):
       return None
     return cls.layout(model_config.vocab_size, chunk_size,
                       model_config.get("vocab_pad_multiple", 1), dtype,

@@ -18,7 +18,8 @@ HIDDEN = "hidden"
 ATTN_PROBS = "attn_probs"
 REPARAM_GAINS = ("resid_gain", "skip_gain")   # leaf names shared by every ReparamLinear
 # Gains named with their module (`norm1_alpha_gain`): leaf names several modules of a layer share.
-MODULE_QUALIFIED_GAINS = REPARAM_GAINS + ("alpha_gain",)   # DyT's alpha (model/layers.py)
+MODULE_QUALIFIED_GAINS = REPARAM_GAINS + ("alpha_gain",   # DyT's and Derf's alpha,
+                                          "shift_gain")   # Derf's s (model/layers.py)
 _TINY = jnp.finfo(jnp.float32).tiny
 
 

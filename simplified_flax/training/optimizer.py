@@ -4,6 +4,12 @@
   muon   Muon (`optax.contrib.scale_by_muon`) on every weight matrix (a `kernel` with >= 2 axes,
          the last two [fan_in, fan_out]), rescaled to AdamW's RMS (`optimizer.muon_rms`) so one
          learning rate serves both; embeddings, norms and gains keep AdamW's direction.
+Two model settings change the optimiser (docs/training.md, "Optimisers"):
+  model.depth_mup_alpha  CompleteP (Dey et al. 2025, Table 1): inside the residual blocks the
+         learning rate times m_L^(alpha - 1) and AdamW's eps times m_L^-alpha
+         (`depth_mup_scales`), everything else as configured;
+  model.ngpt  nGPT: after every update each weight matrix and table is renormalised along the
+         embedding dimension (`renormalized`, model/ngpt.py), as part of the step.
 Master weights, gradients and optimiser state are float32; `accumulate_gradients` sums
 micro-batches.
 """
@@ -14,6 +20,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from simplified_flax.model import block
+from simplified_flax.model import ngpt
+from simplified_flax.model import scan_layout
 from simplified_flax.runs.config_checks import OPTIMIZERS, SCHEDULES
 
 GAIN_SUFFIX = "_gain"   # trainable gains: never decayed, logged by diagnostics.gain_metrics
@@ -121,21 +130,80 @@ def muon(o, learning_rate: optax.Schedule) -> optax.GradientTransformation:
                      optax.scale_by_learning_rate(learning_rate))
 
 
+def depth_mup_scales(model_config) -> tuple[float, float]:
+  """(learning-rate factor, eps factor) of the parameters inside the residual blocks under
+  CompleteP's rules (Dey et al. 2025, Table 1, depth terms; this code scales no width):
+  m_L^(alpha - 1) for the blocks' weights, biases and norm gains (1 at alpha = 1) and
+  m_L^-alpha for AdamW's eps, m_L = n_layer / depth_mup_base_layers. (1, 1) without
+  `model.depth_mup_alpha`. Embeddings, the final norm and the head keep the base values; so
+  do the initial values (the depth terms of Table 1 leave every init variance alone) and the
+  weight decay (Table 1 scales it with width only)."""
+  m_L = block.depth_multiplier(model_config)
+  if m_L is None:
+    return 1.0, 1.0
+  alpha = model_config.depth_mup_alpha
+  return float(m_L ** (alpha - 1)), float(m_L ** -alpha)
+
+
+def in_residual_block(path: tuple[str, ...]) -> bool:
+  """Whether the parameter at `path` belongs to a residual block (`h_<l>`, or a scanned stack
+  `h_<a>_to_<b>`): Table 1's "hidden" and "Pre-LN" groups."""
+  return scan_layout.layers_of(path[0]) is not None
+
+
+def _adamw(o, learning_rate, eps: float) -> optax.GradientTransformation:
+  return optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=eps, weight_decay=o.weight_decay,
+                     mask=decay_mask)
+
+
+def depth_mup_adamw(o, schedule: optax.Schedule, lr_scale: float,
+                    eps_scale: float) -> optax.GradientTransformation:
+  """AdamW with the residual blocks' learning rate times `lr_scale` and eps times `eps_scale`
+  (two parameter groups, as `depth_mup_scales` gives them); decoupled decay as AdamW's (times
+  each group's learning rate, as torch's AdamW groups do)."""
+  labels = lambda params: jax.tree_util.tree_map_with_path(
+      lambda path, _: "blocks" if in_residual_block(leaf_names(path)) else "rest", params)
+  blocks = _adamw(o, lambda count: schedule(count) * lr_scale, o.eps * eps_scale)
+  return optax.partition({"blocks": blocks, "rest": _adamw(o, schedule, o.eps)}, labels)
+
+
+def renormalized(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`tx`, then each weight matrix and table projected back to unit norm along the embedding
+  dimension (nGPT, `ngpt.embedding_axis`): its update u becomes `Norm(p + u) - p`, so that
+  `optax.apply_updates` lands on the sphere (to float32 round-off); the learnable scales keep
+  theirs. Part of the optimiser, hence of every step, its checkpoints and their resumption."""
+  def project(path, u, p):
+    axis = ngpt.embedding_axis(leaf_names(path))
+    return u if axis is None else ngpt.unit_norm(p + u, axis).astype(p.dtype) - p
+
+  def update(updates, state, params=None):
+    if params is None:
+      raise ValueError("nGPT's renormalisation needs the parameters: pass them to update().")
+    updates, state = tx.update(updates, state, params)
+    return jax.tree_util.tree_map_with_path(project, updates, params), state
+  return optax.GradientTransformation(tx.init, update)
+
+
 def make_optimizer(config) -> optax.GradientTransformation:
-  """Global-norm clipping (when `optimizer.grad_clip_norm` > 0), then `optimizer.name`."""
+  """Global-norm clipping (when `optimizer.grad_clip_norm` > 0), then `optimizer.name`
+  (with CompleteP's per-group scales under `model.depth_mup_alpha`), then nGPT's
+  renormalisation under `model.ngpt`."""
   o = config.optimizer
   name = o.get("name", "adamw")   # configs saved before the field existed: adamw
   schedule = make_schedule(o, config.num_train_steps)
-  if name == "adamw":
-    tx = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
-                     mask=decay_mask)
+  m = config.get("model") or {}   # an optimiser's config alone: no model settings
+  lr_scale, eps_scale = depth_mup_scales(m)
+  if name == "adamw" and m.get("depth_mup_alpha") is not None:
+    tx = depth_mup_adamw(o, schedule, lr_scale, eps_scale)
+  elif name == "adamw":
+    tx = _adamw(o, schedule, o.eps)
   elif name == "muon":
     tx = muon(o, schedule)
   else:
     raise ValueError(f"optimizer.name={name!r} is unknown: use one of {list(OPTIMIZERS)}.")
   if o.grad_clip_norm and o.grad_clip_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
-  return tx
+    tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
+  return renormalized(tx) if m.get("ngpt", False) else tx
 
 
 def micro_batches(batch: dict, num_micro: int) -> dict:

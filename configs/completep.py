@@ -1,0 +1,39 @@
+"""Pre-LN with CompleteP (Dey, Zhang, Noci, Li, Bordelon, Bergsma, Pehlevan, Hanin, Hestness,
+"Don't be lazy: CompleteP enables compute-efficient deep transformers", NeurIPS 2025, arXiv
+2505.01618): depth-muP with alpha = 1, so that a learning rate tuned at depth L_base transfers
+to depth L.
+
+With m_L = L / L_base (docs/model.md, "CompleteP"; the depth terms of their Table 1):
+    x <- x + m_L^-alpha * Attn(norm1(x));   x <- x + m_L^-alpha * MLP(norm2(x))
+and, inside the residual blocks only, AdamW's learning rate times m_L^(alpha - 1) (1 at
+alpha = 1) and its eps times m_L^-alpha (training/optimizer.py, `depth_mup_scales`).
+Embeddings, the final norm and the head keep the base learning rate and eps.
+Init: Pre-LN's (every weight N(0, 0.02), norm scales 1): Table 1's depth terms leave every
+initial variance alone. Weight decay: Pre-LN's (Table 1 scales it with width only). This
+code scales no width (m_N = 1).
+
+L_base = 4: at 4 layers the model, its initial values and its optimiser are Pre-LN's exactly,
+so a learning rate tuned there for Pre-LN is CompleteP's base rate. The `cpu` switch's 6 layers
+give m_L = 1.5 (branches times 2/3, eps times 2/3); the paper shape's 18 give m_L = 4.5.
+
+Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
+    python -m simplified_flax.train --config=completep:cpu --workdir=/tmp/completep
+Measured: see experiments/results/cpu/followups/report.md
+Paper shape (L=18) on an accelerator host:
+    python -m simplified_flax.train --config=configs/completep.py --workdir=/tmp/completep
+
+The transfer check (the best learning rate at 4 and at 16 layers, each from a 3-point grid,
+against Pre-LN's; 24 runs, about 6-7 hours on 2 cores; drop --print to run them):
+    python -m simplified_flax.sweep --config=completep:cpu --variants=preln,completep --grid=model.n_layer=4,16 --grid=optimizer.learning_rate=5e-4,1e-3,2e-3 --seeds=2 --best_of=optimizer.learning_rate --workdir_root=workdirs/completep_transfer --print
+
+The speed package has not verified `model.depth_mup_alpha`: the run builds the reference model
+and logs one line saying so (docs/fast.md).
+"""
+from . import preln
+
+
+def get_config(arg: str = ""):
+  c = preln.get_config(arg)
+  c.model.depth_mup_alpha = 1.0
+  c.model.depth_mup_base_layers = 4
+  return c

@@ -1,0 +1,23 @@
+"""Peri-LN: Pre-LN with a norm on each sub-layer's output as well (Kim, Lee, Park, Oh, Kim, Yoo,
+Shin, Han, Shin, Yoo, "Peri-LN: Revisiting Normalization Layer in the Transformer
+Architecture", ICML 2025, arXiv 2502.02732): x = x + Norm_out(F(Norm_in(x))) for the attention
+and the MLP, and the embedding normed before the first block, the final norm kept. Every norm
+is an RMSNorm (`norm_type`), scale initialised to 1 (docs/model.md, "Peri-LN";
+docs/beyond_the_paper.md, "Peri-LN").
+
+Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
+    python -m simplified_flax.train --config=peri_ln:cpu --workdir=/tmp/peri_ln
+Measured: see experiments/results/cpu/followups/report.md
+Paper shape on an accelerator host:
+    python -m simplified_flax.train --config=configs/peri_ln.py --workdir=/tmp/peri_ln
+
+The speed package has not verified `norm_position="peri"`: the run builds the reference model
+and logs one line saying so (docs/fast.md).
+"""
+from . import preln
+
+
+def get_config(arg: str = ""):
+  c = preln.get_config(arg)
+  c.model.norm_position = "peri"
+  return c

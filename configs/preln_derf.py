@@ -1,0 +1,22 @@
+"""Pre-LN with Dynamic erf in place of every norm (Derf: Chen, Lu, Zhu, Sun, Liu, "Stronger
+Normalization-Free Transformers", CVPR 2026, arXiv 2512.10938): each RMSNorm of the block, and
+the final LayerNorm, becomes `gamma * erf(alpha * x + s) + beta`, elementwise with no statistic
+over D; alpha and s learnable scalars from 0.5 and 0, gamma [D] ones, beta [D] zeros
+(docs/model.md, "Norms"; docs/beyond_the_paper.md, "Derf").
+
+Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
+    python -m simplified_flax.train --config=preln_derf:cpu --workdir=/tmp/preln_derf
+Measured: see experiments/results/cpu/followups/report.md
+Paper shape on an accelerator host:
+    python -m simplified_flax.train --config=configs/preln_derf.py --workdir=/tmp/preln_derf
+
+The speed package has not verified `norm_type="derf"`: the run builds the reference model and
+logs one line saying so (docs/fast.md).
+"""
+from . import preln
+
+
+def get_config(arg: str = ""):
+  c = preln.get_config(arg)
+  c.model.norm_type = "derf"
+  return c

@@ -1,0 +1,24 @@
+"""Pre-LN with gated attention (Qiu, Wang, Zheng, Huang, Wen, Yang, Men, Yu, Huang, Huang, Liu,
+Zhou, Lin, "Gated Attention for Large Language Models: Non-linearity, Sparsity, and
+Attention-Sink-Free", NeurIPS 2025, arXiv 2505.06708): the attention output, before the
+output projection, times an elementwise, head-specific, query-dependent gate, their best
+position G1: Proj(sigmoid(x W_g) * SDPA(q, k, v)), x the attention sub-block's (normed) input,
+W_g [D, D] N(0, 0.02) with no bias (docs/model.md, "Gated attention";
+docs/beyond_the_paper.md, "Gated attention").
+
+Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
+    python -m simplified_flax.train --config=preln_gated:cpu --workdir=/tmp/preln_gated
+Measured: see experiments/results/cpu/followups/report.md
+Paper shape on an accelerator host:
+    python -m simplified_flax.train --config=configs/preln_gated.py --workdir=/tmp/preln_gated
+
+The speed package has not verified `attn_output_gate=True`: the run builds the reference model
+and logs one line saying so (docs/fast.md).
+"""
+from . import preln
+
+
+def get_config(arg: str = ""):
+  c = preln.get_config(arg)
+  c.model.attn_output_gate = True
+  return c

@@ -1,0 +1,24 @@
+"""SAS-P with gated attention (Qiu et al., "Gated Attention for Large Language Models:
+Non-linearity, Sparsity, and Attention-Sink-Free", NeurIPS 2025, arXiv 2505.06708): the shaped
+attention's output times sigmoid(x W_g), elementwise and per head, before the (here identity)
+output projection, x the block's normed input, W_g [D, D] N(0, 0.02) with no bias. Qiu et al.
+credit the gate with a non-linearity between the value and output projections, the path
+SAS removes; this config asks whether the gate still helps without it (docs/model.md, "Gated
+attention"; docs/beyond_the_paper.md, "Gated attention").
+
+Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
+    python -m simplified_flax.train --config=sas_p_gated:cpu --workdir=/tmp/sas_p_gated
+Measured: see experiments/results/cpu/followups/report.md
+Paper shape on an accelerator host:
+    python -m simplified_flax.train --config=configs/sas_p_gated.py --workdir=/tmp/sas_p_gated
+
+The speed package has not verified `attn_output_gate=True`: the run builds the reference model
+and logs one line saying so (docs/fast.md).
+"""
+from . import sas_p
+
+
+def get_config(arg: str = ""):
+  c = sas_p.get_config(arg)
+  c.model.attn_output_gate = True
+  return c
