@@ -108,9 +108,10 @@ def compile_row(variant: str, target: str, overrides: Dict[str, Any],
   return row
 
 
-def variant_rows(shape: Dict[str, Any], names: List[str], on: List[str]) -> List[tuple]:
+def variant_rows(shape: Dict[str, Any], names: List[str], on: List[str],
+                 impls: List[str] = ("auto", "explicit")) -> List[tuple]:
   return [(variant, target, dict(shape, **{"model.attention_impl": impl}))
-          for target in on for impl in ("auto", "explicit") for variant in names]
+          for target in on for impl in impls for variant in names]
 
 
 def long_context_rows(shape: Dict[str, Any], tiny: bool) -> List[tuple]:
@@ -173,6 +174,9 @@ def main(argv=None) -> None:
   parser.add_argument("--rows", default=",".join(ROWS), help=f"Comma-separated of {ROWS}.")
   parser.add_argument("--variants", default=",".join(VARIANTS))
   parser.add_argument("--targets", default="h200,v5e-8", help="Of the variant rows.")
+  parser.add_argument("--impls", default="auto,explicit", help="The variant rows' "
+                      "model.attention_impl values (a variant the speed package falls back for "
+                      "compiles the same reference program under both: give auto alone).")
   parser.add_argument("--jobs", type=int, default=1, help="Rows compiled at once (each a "
                       "process; compile seconds are then shared-machine timings).")
   parser.add_argument("--tiny", action="store_true", help="Tiny shapes (checks the script).")
@@ -189,7 +193,8 @@ def main(argv=None) -> None:
                        *(sys.argv[1:] if argv is None else argv)])
   made = {"script": script, "commit": source_commit()}
   results: Dict[str, Any] = {"shape": shape, "versions": report.versions(), "script": script}
-  planned = {"variants": variant_rows(shape, args.variants.split(","), args.targets.split(",")),
+  planned = {"variants": variant_rows(shape, args.variants.split(","), args.targets.split(","),
+                                      args.impls.split(",")),
              "long_context": long_context_rows(shape, args.tiny),
              "depth": depth_rows(shape, args.tiny), "pod": pod_rows(shape, args.tiny)}
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
