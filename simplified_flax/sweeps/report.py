@@ -150,8 +150,11 @@ def best_of_rows(groups, reference: str, field: str) -> list[dict]:
     losses = [c.loss for c in group] if group else []
     mean, sd = stats.mean_std(losses)
     row = _paired_row(variant, dict(rest), dict(rest), paired)
+    values = sorted(by_rest[(variant, rest)])
     row.update({"best": value, "reference_best": ref_value, "final_eval_loss_mean": mean,
-                "final_eval_loss_sd": sd, "is_reference": variant == reference})
+                "final_eval_loss_sd": sd, "is_reference": variant == reference,
+                "best_at_grid_edge": value is not None and len(values) > 2
+                                     and value in (values[0], values[-1])})
     rows.append(row)
   return rows
 
@@ -199,7 +202,8 @@ def markdown(collected, groups, *, reference, best_of, command, plots, quantize=
                     f"{r['params']:,}" if r["params"] else "-",
                     f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-",
                     f"{r['train_s']:.0f} s" if r["train_s"] else "-"]
-                   + [_fmt(r[key], 3, sign=key != "peak_kurtosis") for key, _ in extra]
+                   + [_fmt(r[key], 3) if key == "peak_kurtosis"
+                      else "-" if r[key] is None else f"{r[key]:+.1e}" for key, _ in extra]
                    for r in rows]) + [""]
   paired = paired_rows(groups, reference)
   if paired:
@@ -217,11 +221,15 @@ def markdown(collected, groups, *, reference, best_of, command, plots, quantize=
     lines += [f"## Each variant at its own best `{best_of}`", "",
               f"The value of `{best_of}` with the lowest mean final eval loss over seeds (a "
               "value with a failed or diverged seed never wins), and the difference to "
-              f"`{reference}` at its own best, paired by seed.", ""]
+              f"`{reference}` at its own best, paired by seed. \"(grid edge)\": the best value "
+              "is the grid's smallest or largest, so a value beyond it may be better still; "
+              "extend the grid that way (finished runs are skipped).", ""]
     lines += _table(["variant", "other grid fields", f"best {best_of}", "final eval loss",
                      f"minus `{reference}`", "95% interval", "verdict"],
                     [[f"`{r['variant']}`", _point_text(r["point"]),
-                      plan.format_value(r["best"]) if r["best"] is not None else "none finished",
+                      (plan.format_value(r["best"]) + (" (grid edge)" if r["best_at_grid_edge"]
+                                                         else ""))
+                      if r["best"] is not None else "none finished",
                       _fmt(r["final_eval_loss_mean"]),
                       "-" if r["is_reference"] else _fmt(r["mean_difference"], sign=True),
                       "-" if r["is_reference"] else _interval_text(r),
