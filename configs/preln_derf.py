@@ -6,7 +6,10 @@ over D; alpha and s learnable scalars from 0.5 and 0, gamma [D] ones, beta [D] z
 
 Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
     python -m simplified_flax.train --config=preln_derf:cpu --workdir=/tmp/preln_derf
-Measured: see experiments/results/cpu/followups/report.md
+Measured (2026-12-07, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
+3 seeds, each variant at its best of learning rates 1e-3/2e-3/4e-3): eval loss 3.340 ± 0.001
+at 1e-3, the unigram plateau, as DyT's (Pre-LN 2.341 ± 0.009): +0.999 [+0.976, +1.022], 95%
+paired interval.
 Paper shape on an accelerator host:
     python -m simplified_flax.train --config=configs/preln_derf.py --workdir=/tmp/preln_derf
 
