@@ -86,12 +86,12 @@ TINY = {   # float32: XLA:CPU compiles it faster than bfloat16, and CPU time is 
     "attention_shape": {"batch": 2, "seq_len": 64, "heads": 4, "head_dim": 16},
     "model_check": _TINY_MODEL,
     "bench": _TINY_MODEL, "bench_batches": (4,), "rounds": 2, "steps": 1, "matmul_size": 256,
-    "long": dict(_TINY_MODEL, batch_size=1), "lengths": (64, 128), "long_steps": 2,
+    "long": dict(_TINY_MODEL, batch_size=1), "lengths": (64,), "long_steps": 2,
     "train": dict(_TINY_MODEL, batch_size=4, num_train_steps=20),
     "log_every": 5, "eval_every": 10, "eval_batches": 2, "corpus_tokens": 1 << 18,
     "breakdown_steps": 2, "xla_flag_sets": ("", "--xla_cpu_enable_fast_math=false"),
     "flag_rounds": 1, "flag_steps": 1, "flag_timeout_s": 300,
-    "depth": _TINY_MODEL, "depths": (3, 6),
+    "depth": _TINY_MODEL, "depths": (2, 4),
 }
 BENCH_VARIANTS = ("preln", "sas", "sas_p", "sas_p_nonorm")
 TRAIN_VARIANTS = ("preln", "sas", "sas_p")

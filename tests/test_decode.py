@@ -65,7 +65,14 @@ def cached_logits(model, variables, prompt_lengths):
 @pytest.mark.parametrize("variant", DECODER_VARIANTS)
 def test_cached_decoding_equals_the_full_forward_pass(variant, impl):
   model, variables = build(variant, impl)
-  full = [full_logits(model, variables, s[None])[0] for s in sequences()]   # each row alone
+  # The full pass of the three rows right-padded into one batch: in a causal model position t
+  # reads tokens <= t only (tests/test_model.py checks it for every variant), so row b's first
+  # n_b logits are the row's own; one compile instead of one per length.
+  rows_BT = np.zeros((len(SEQ_LENGTHS), max(SEQ_LENGTHS)), np.int32)
+  for b, s in enumerate(sequences()):
+    rows_BT[b, :len(s)] = s
+  full_BTV = full_logits(model, variables, rows_BT)
+  full = [full_BTV[b, :n] for b, n in enumerate(SEQ_LENGTHS)]
   for prompt_lengths in (PROMPT_LENGTHS, (0, 0, 0)):   # prompts then steps; only steps
     for b, logits_TV in enumerate(cached_logits(model, variables, prompt_lengths)):
       np.testing.assert_allclose(logits_TV, full[b], atol=1e-5, rtol=1e-5,
