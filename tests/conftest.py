@@ -96,7 +96,8 @@ def _floor_key(item) -> str:
 
 def pytest_collection_modifyitems(config, items):
   """Marks FLOOR_SUBSET `floor`; a `-m floor` run that collects a file of the subset without
-  one of its named tests fails, so that a renamed test never shrinks the subset unnoticed."""
+  one of its named tests fails, so that a renamed test never shrinks the subset unnoticed.
+  Then orders the files with slow tests first (below)."""
   names = set(FLOOR_SUBSET)
   for item in items:
     if _floor_key(item) in names or _floor_key(item).split("[")[0] in names:
@@ -107,6 +108,11 @@ def pytest_collection_modifyitems(config, items):
     missing = {n for n in names - found if n.split("::")[0] in files}
     if missing:
       raise pytest.UsageError(f"FLOOR_SUBSET names tests that do not exist: {sorted(missing)}")
+  # The files that hold end-to-end (`slow`) tests first, each file's tests kept together (its
+  # module fixtures set up once): xdist's work stealing then ends the run on short tests,
+  # rather than one worker finishing a minute-long test while the other waits.
+  slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+  items.sort(key=lambda item: item.path not in slow_files)
 
 
 def pytest_ignore_collect(collection_path, config):

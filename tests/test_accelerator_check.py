@@ -5,8 +5,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from test_loop import REPO, subprocess_env
+
+pytestmark = pytest.mark.slow   # each test runs the whole check in a child process
 
 SCRIPT = REPO / "experiments" / "accelerator_check.py"
 
