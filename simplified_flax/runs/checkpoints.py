@@ -7,6 +7,7 @@ parameter shapes is refused naming the fields. `StopRequest`: SIGTERM or a multi
 preemption makes the loop save at its next step and return (docs/resuming.md, "Resuming").
 """
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from absl import logging
 from etils import epath
 import jax
 import jax.numpy as jnp
+import ml_collections
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
@@ -27,7 +29,7 @@ from simplified_flax import config_files
 from simplified_flax import retries
 from simplified_flax import storage
 from simplified_flax.runs import checkpoint_digest
-from simplified_flax.model.parameters import parameter_shapes
+from simplified_flax.model import parameters
 
 ITEMS = ("state", "data", "config", "meta")
 CHECKPOINT_DIR = "checkpoints"
@@ -168,6 +170,19 @@ def config_differences(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:
   """{dotted field: (saved value, new value)} for every field that differs."""
   a, b = flatten_config(saved), flatten_config(new)
   return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def parameter_shapes(config_dict: dict) -> dict[str, tuple[int, ...]]:
+  """{parameter path: shape} of the model a (saved, JSON) config dict describes; traced once
+  per distinct model config (a restore compares each checkpoint it tries)."""
+  return dict(_parameter_shapes(json.dumps(config_dict["model"], sort_keys=True)))
+
+
+@functools.lru_cache(maxsize=32)
+def _parameter_shapes(model_json: str) -> dict[str, tuple[int, ...]]:
+  params = parameters.variable_shapes(ml_collections.ConfigDict(json.loads(model_json)))["params"]
+  return {jax.tree_util.keystr(path): tuple(x.shape)
+          for path, x in jax.tree_util.tree_leaves_with_path(params)}
 
 
 def check_compatible(saved: dict, new: dict, where: str) -> None:
