@@ -25,25 +25,25 @@ def qkv(dtype=jnp.float32, num_queries=T):
 
 
 def test_causal_centering_matrix_rows_average_the_prefix():
-  C = np.asarray(attention.causal_centering_matrix(5))
+  C = np.asarray(attention.centering_matrix(5, 5, causal=True))[0]
   expected = np.tril(np.ones((5, 5))) / np.arange(1, 6)[:, None]
   np.testing.assert_allclose(C, expected, rtol=0, atol=1e-7)
-  offset = attention.causal_centering_matrix(5, query_offset=3, num_queries=2)
+  offset = attention.centering_matrix(2, 5, causal=True, query_offset=3)[0]
   np.testing.assert_allclose(offset, expected[3:5], atol=1e-7)
 
 
 def test_bidirectional_centering_matrix_ignores_padding_keys():
-  C = np.asarray(attention.bidirectional_centering_matrix(KEY_MASK))
+  C = np.asarray(attention.centering_matrix(T, T, causal=False, key_mask=KEY_MASK))
   np.testing.assert_allclose(C[0, :, :6], 1 / 6)
   np.testing.assert_allclose(C[0, :, 6:], 0)
   np.testing.assert_allclose(C[1], 1 / 9)
 
 
 def test_packed_centering_matrix_is_block_diagonal():
-  C = np.asarray(attention.packed_centering_matrix(SEGMENTS, causal=True))
+  C = np.asarray(attention.centering_matrix(T, T, causal=True, segment_ids=SEGMENTS))
   np.testing.assert_allclose(C[0, 3, 3], 1.0)        # first token of segment 2 sees only itself
   np.testing.assert_allclose(C[0, 4, :], [0, 0, 0, .5, .5, 0, 0, 0, 0])
-  bidi = np.asarray(attention.packed_centering_matrix(SEGMENTS, causal=False))
+  bidi = np.asarray(attention.centering_matrix(T, T, causal=False, segment_ids=SEGMENTS))
   np.testing.assert_allclose(bidi[1, 0], [.2] * 5 + [0] * 4)
   np.testing.assert_allclose(bidi.sum(-1), 1.0, rtol=1e-6)
 
@@ -140,13 +140,13 @@ def test_fused_epilogue_never_builds_a_time_by_time_array():
 
 def test_plain_attention_and_bad_impl():
   q, k, v = qkv()
-  plain = attention.attention(q, k, v, causal=True, impl="fused")
-  explicit = attention.attention(q, k, v, causal=True)
-  np.testing.assert_allclose(plain, explicit, atol=1e-5)
+  plain = lambda **kw: attention.shaped_attention(q, k, v, resid_gain=1.0, skip_gain=None,
+                                                  centre_gain=None, causal=True, **kw)
+  np.testing.assert_allclose(plain(impl="fused"), plain(), atol=1e-5)
   with pytest.raises(ValueError, match="Unknown attention impl 'flash'"):
-    attention.attention(q, k, v, causal=True, impl="flash")
+    plain(impl="flash")
   with pytest.raises(ValueError, match="impl='explicit'"):
-    attention.attention(q, k, v, causal=True, impl="fused", return_probs=True)
+    plain(impl="fused", return_probs=True)
 
 
 def _reference_shaped_attention(q, k, v, mask, resid_gain, skip_gain, centre_gain):

@@ -109,7 +109,7 @@ def test_max_median_ratio_of_one_spike_per_token():
 
 def test_entropy_of_uniform_causal_rows_is_log_of_visible_keys():
   T = 16
-  probs_BHTT = jnp.broadcast_to(attention.causal_centering_matrix(T), (2, 3, T, T))
+  probs_BHTT = jnp.broadcast_to(attention.centering_matrix(T, T, causal=True)[0], (2, 3, T, T))
   expected = np.mean(np.log(np.arange(1, T + 1)))
   np.testing.assert_allclose(diagnostics.attention_entropy(probs_BHTT), expected, rtol=1e-6)
   for i in (0, 5, T - 1):   # row by row: log(i + 1)

@@ -28,25 +28,10 @@ def centering_matrix_from_mask(mask) -> jax.Array:
   return mask / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
 
 
-def causal_centering_matrix(length: int, *, query_offset: int = 0, num_queries=None):
-  """[Q, T] causal C: C[i, j] = 1 / (p + 1) for j <= p = query_offset + i."""
-  mask = masks.attention_mask(length if num_queries is None else num_queries, length,
-                              causal=True, query_offset=query_offset)
-  return centering_matrix_from_mask(mask)[0, 0]
-
-
-def bidirectional_centering_matrix(key_mask_BT) -> jax.Array:
-  """[B, T, T] bidirectional C: every row 1/n on the n real keys of its sequence."""
-  no_segments_BT = jnp.zeros(key_mask_BT.shape, jnp.int32)
-  return packed_centering_matrix(no_segments_BT, causal=False, key_mask_BT=key_mask_BT)
-
-
-def packed_centering_matrix(segment_ids_BT, *, causal: bool, key_mask_BT=None) -> jax.Array:
-  """[B, T, T] packed C: block diagonal, each block the C of its own segment."""
-  T = segment_ids_BT.shape[1]
-  mask = masks.attention_mask(T, T, causal=causal, key_mask=key_mask_BT,
-                              segment_ids=segment_ids_BT)
-  return centering_matrix_from_mask(mask)[:, 0]
+def centering_matrix(num_queries: int, num_keys: int, **where) -> jax.Array:
+  """C [B or 1, Q, K] of the mask `masks.attention_mask(num_queries, num_keys, **where)` (its
+  causal, query_offset, key_mask and segment_ids): row i averages the keys query i sees."""
+  return centering_matrix_from_mask(masks.attention_mask(num_queries, num_keys, **where))[:, 0]
 
 
 def attention_logits(q_BQHd, k_BKHd, *, logit_soft_cap=None) -> jax.Array:
@@ -189,9 +174,3 @@ def shaped_attention(q, k, v, *, resid_gain, skip_gain, centre_gain, causal: boo
   shaped_BHQK, probs_BHQK = shape_attention_matrix(logits_BHQK, resid_H, terms)
   out_BQHd = jnp.einsum("bhqk,bkhd->bqhd", shaped_BHQK.astype(v.dtype), v)
   return (out_BQHd, probs_BHQK) if return_probs else out_BQHd
-
-
-def attention(q, k, v, *, resid_gain=1.0, **kwargs):
-  """Plain (unshaped) attention `resid * A v`; keyword arguments as `shaped_attention`."""
-  return shaped_attention(q, k, v, resid_gain=resid_gain, skip_gain=None, centre_gain=None,
-                          **kwargs)

@@ -65,8 +65,9 @@ def cached_shaped_attention(q_BQHd, k_BQHd, v_BQHd, cache: Cache, index_B, lengt
 
   # Fused and centred: C v from the running sum; the identity term takes the new values as
   # they are (gathering them from the cache view would make XLA transpose the whole cache).
-  attended_BQHd = attention.attention(q_BQHd, k_BKHd, v_BKHd, causal=True, query_offset=index_B,
-                                      impl="fused")   # A v (a gain of 1 is exact)
+  attended_BQHd = attention.shaped_attention(   # A v (a gain of 1 is exact)
+      q_BQHd, k_BKHd, v_BKHd, resid_gain=1.0, skip_gain=None, centre_gain=None, causal=True,
+      query_offset=index_B, impl="fused")
   mean_BQHd, new["value_sum"] = running_centred_values(cache["value_sum"], v_BQHd, index_B,
                                                        lengths_B)
   terms = [] if skip_gain is None else [(skip_gain, v_BQHd)]
