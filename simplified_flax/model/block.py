@@ -1,6 +1,5 @@
 """The one configurable Transformer block and its attention sub-block (docs/model.md, "The block"):
-every variant of the papers is this block with different settings (configs/).
-"""
+every variant of the papers is this block with different settings (configs/)."""
 from typing import Any, Dict
 
 import flax.linen as nn
@@ -42,20 +41,18 @@ def attention_gains(module: nn.Module, m):
 
 
 def output_gate(x_BTD, out_BTHd, dtype) -> jax.Array:
-  """Gated attention (Qiu et al. 2025, arXiv 2505.06708, their gate G1, elementwise and
-  head-specific): the attention output [B, T, H, d] times `sigmoid(x W_g)`, x the sub-block's
-  input [B, T, D], W_g [D, D] (`gate`) N(0, 0.02) with no bias, as their query projection it
-  extends. Query-dependent: each token's gate reads that token alone, so a cached step gates
-  exactly as the full pass (docs/model.md, "Gated attention")."""
+  """Gated attention (Qiu et al. 2025, arXiv 2505.06708, their elementwise head-specific gate
+  G1): the attention output [B, T, H, d] times `sigmoid(x W_g)`, x the sub-block's input [B, T,
+  D], W_g [D, D] (`gate`) N(0, 0.02) with no bias. Each token's gate reads that token alone,
+  so a cached step gates exactly as the full pass (docs/model.md, "Gated attention")."""
   gate_BTD = layers.dense(x_BTD.shape[-1], dtype, "gate")(x_BTD)
   gate_BTHd = jax.nn.sigmoid(gate_BTD.astype(jnp.float32)).reshape(out_BTHd.shape)
   return out_BTHd * gate_BTHd.astype(out_BTHd.dtype)
 
 
 class AttentionSubBlock(nn.Module):
-  """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (Eqs. (3)-(7)), per
-  head alpha = attn_mat_skip_gain, beta = attn_mat_resid_gain, gamma = centre_attn_gain; with
-  `attn_output_gate`, `Proj(sigmoid(x W_g) * merge(...))` (`output_gate`). With
+  """`Proj(merge((alpha*I + beta*A - gamma*C) Value(x)))` for x [B, T, D] (Eqs. (3)-(7); gains:
+  `attention_gains`); with `attn_output_gate`, `Proj(sigmoid(x W_g) * merge(...))`. With
   `cache_index` [B]: T new tokens per row against this layer's `cache` (kv_cache.py)."""
   cfg: Any     # FrozenConfigDict: the model config
   layer: int
@@ -99,47 +96,31 @@ class AttentionSubBlock(nn.Module):
 
 
 def block_norms(m, layer: int, dtype):
-  """(norm1, norm2) of a block: `norm_type`, except that with "none" layer 0's norm1 is a
-  LayerNorm (it normalises the embedding)."""
+  """(norm1, norm2, norm1_out, norm2_out) of `norm_type`, but with "none" layer 0's norm1 is
+  a LayerNorm (it normalises the embedding); the output norms, on the branches' outputs, are
+  the identity unless norm_position="peri" (Peri-LN: Kim et al. 2025, arXiv 2502.02732)."""
+  make = lambda norm_type, name: layers.make_norm(norm_type, m.norm_eps, dtype, name)
   norm1_type = "ln" if (m.norm_type == "none" and layer == 0) else m.norm_type
-  return (layers.make_norm(norm1_type, m.norm_eps, dtype, "norm1"),
-          layers.make_norm(m.norm_type, m.norm_eps, dtype, "norm2"))
-
-
-def block_output_norms(m, dtype):
-  """(norm1_out, norm2_out): with norm_position="peri" (Peri-LN: Kim et al. 2025, arXiv
-  2502.02732), the norms of `norm_type` on the attention's and the MLP's outputs, scale
-  initialised to 1 (docs/model.md, "Peri-LN"); else the identity, with no parameters."""
-  if m.norm_position != "peri":
-    return (lambda x: x), (lambda x: x)
-  return (layers.make_norm(m.norm_type, m.norm_eps, dtype, "norm1_out"),
-          layers.make_norm(m.norm_type, m.norm_eps, dtype, "norm2_out"))
-
-
-def depth_multiplier(m):
-  """CompleteP's m_L = n_layer / depth_mup_base_layers (Dey et al. 2025, Table 1), or None
-  without `depth_mup_alpha` (docs/model.md, "CompleteP")."""
-  if m.get("depth_mup_alpha") is None:   # absent from configs saved before it
-    return None
-  return m.n_layer / m.depth_mup_base_layers
+  peri = m.norm_position == "peri"
+  return (make(norm1_type, "norm1"), make(m.norm_type, "norm2"),
+          make(m.norm_type if peri else "none", "norm1_out"),
+          make(m.norm_type if peri else "none", "norm2_out"))
 
 
 def depth_branch_multiplier(m) -> float:
-  """m_L^-alpha = (L_base / L)^alpha, the factor on every residual branch (on top of its
-  resid gain) that makes the learning rate transfer across depth; exactly 1 at L = L_base
-  and without `depth_mup_alpha` (the block is then Pre-LN's, unchanged)."""
-  m_L = depth_multiplier(m)
-  return 1.0 if m_L is None else float(m_L ** -m.depth_mup_alpha)
+  """CompleteP's (L_base / L)^alpha on every residual branch (Dey et al. 2025, Table 1;
+  docs/model.md, "CompleteP"): the learning rate transfers across depth. 1 without
+  `depth_mup_alpha` (absent from configs saved before it): the block is then unchanged."""
+  if m.get("depth_mup_alpha") is None:
+    return 1.0
+  return float((m.depth_mup_base_layers / m.n_layer) ** m.depth_mup_alpha)
 
 
 class Block(nn.Module):
-  """One block, sequential or parallel (Eqs. (1) and (2)), x [B, T, D] -> [B, T, D]. The
-  parallel form reads only `norm1`; `norm2` is still created there, as in the authors'
-  code, so that parameter counts and converted checkpoints line up with theirs. A skip whose
-  gain is 0 is omitted, not multiplied by 0. The residual stream is held in `dtype`. With
-  norm_position="peri" (sequential only) each branch's output passes its own norm
-  (`norm1_out`, `norm2_out`) before the skip adds it: x + Norm_out(F(Norm_in(x))).
-  """
+  """One block, sequential or parallel (Eqs. (1) and (2)), x [B, T, D] -> [B, T, D], the
+  residual stream held in `dtype`. The parallel form reads only `norm1`; `norm2` is still
+  created there, as in the authors' code, so that parameter counts and converted checkpoints
+  line up with theirs. A skip whose gain is 0 is omitted, not multiplied by 0."""
   cfg: Any
   layer: int
   causal: bool
@@ -150,19 +131,17 @@ class Block(nn.Module):
                cache_index=None, lengths=None):
     """`cache_index` / `lengths`: decoding against the `cache` collection (AttentionSubBlock)."""
     m = self.cfg
-    norm1, norm2 = block_norms(m, self.layer, self.dtype)
+    norm1, norm2, norm1_out, norm2_out = block_norms(m, self.layer, self.dtype)
     drop = nn.Dropout(m.dropout_rate, deterministic=not train)
     attn = AttentionSubBlock(m, self.layer, self.causal, self.dtype, name="attn")
     mlp = mlp_lib.MLP(m, self.dtype, name="mlp")
-    norm1_out, norm2_out = block_output_norms(m, self.dtype)
     attn_fn = lambda h_BTD: drop(norm1_out(attn(h_BTD, anchors, key_mask=key_mask,
                                                 segment_ids=segment_ids,
                                                 cache_index=cache_index, lengths=lengths)))
     mlp_fn = lambda h_BTD: drop(norm2_out(mlp(h_BTD)))
     gain = lambda name, kind: layers.gain(self, name, m[name], m[f"trainable_{kind}_block_gains"])
     branch_scale = depth_branch_multiplier(m)   # CompleteP's (L_base / L)^alpha, else 1
-    resid = lambda kind: (gain(f"{kind}_block_resid_gain", kind) if branch_scale == 1
-                          else branch_scale * gain(f"{kind}_block_resid_gain", kind))
+    resid = lambda kind: branch_scale * gain(f"{kind}_block_resid_gain", kind)
 
     if m.parallel_layers:   # Eq. (2): one norm feeds both branches; the skip gain is fixed
       h_BTD = norm1(x_BTD)
@@ -173,10 +152,8 @@ class Block(nn.Module):
         out_BTD = out_BTD + m.mlp_block_skip_gain * x_BTD
       return out_BTD.astype(self.dtype)
 
-    # Eq. (1): x = resid * branch(norm(x)) + skip * x, first attention then MLP; with
-    # norm_position="post" the norm is applied to x itself before the sub-block instead;
-    # "peri" is "pre" whose branches end in their output norms (attn_fn, mlp_fn above).
-    assert m.norm_position in layers.NORM_POSITIONS, m.norm_position
+    # Eq. (1): x = resid * branch(norm(x)) + skip * x, first attention then MLP; "post" norms
+    # x itself before the sub-block; "peri" is "pre" with x + Norm_out(F(Norm_in(x))).
     for kind, norm, branch in (("attn", norm1, attn_fn), ("mlp", norm2, mlp_fn)):
       if m.norm_position == "post":
         x_BTD = norm(x_BTD)

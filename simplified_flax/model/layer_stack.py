@@ -1,11 +1,8 @@
-"""The stack of blocks: unrolled (one module per layer, `h_<l>`), or scanned (`model.scan_layers`).
-
-Scanned, the layers that share their structure run as one `nn.scan` (parameters with a leading
-layer axis): one block body compiled at any depth; which layers, and the scanned module's name
+"""The stack of blocks: unrolled (one module per layer, `h_<l>`), or scanned (`model.scan_layers`):
+the layers that share their structure run as one `nn.scan` (parameters with a leading layer
+axis), one block body compiled at any depth; which layers, and the scanned module's name
 (`h_1_to_17` for SAS-P at 18 layers), are scan_layout.py's. `model.remat` rematerialises each
-block, and without it `model.scan_residuals` says what the scanned backward keeps
-(`SCAN_RESIDUALS`).
-"""
+block; without it `model.scan_residuals` says what the scanned backward keeps."""
 import functools
 from typing import Any, Dict
 
@@ -14,21 +11,18 @@ import flax.linen as nn
 from simplified_flax.model import scan_layout
 
 # model.scan_residuals: what a scanned block keeps for the backward, per layer (without remat).
-#  "matmuls": the outputs of its matmuls (the parent's `remat_policy()`: the speed package's
-#    model keeps its attention kernels' outputs too), as the unrolled program keeps them; the
-#    elementwise rest (norms, casts, activations, the shaping terms) is recomputed inside the
-#    backward's loop, where XLA fuses it into the kernels that read it.
-#  "all": JAX's default for a scan, every intermediate the backward reads, float32 norm and
-#    shaping terms included, each written to a stacked [layers, ...] buffer. On the H200, SAS-P
-#    at the paper's shape: 14.3 GiB of temporaries against 6.9 for "matmuls" (unrolled: 8.3).
+#  "matmuls": its matmuls' outputs (the parent's `remat_policy()`), as the unrolled program
+#    keeps them; the elementwise rest is recomputed inside the backward's loop, fused into the
+#    kernels that read it. "all": JAX's default, every intermediate the backward reads, each in
+#    a stacked [layers, ...] buffer (SAS-P on the H200 at the paper's shape: 14.3 GiB of
+#    temporaries against 6.9 for "matmuls"; docs/model.md, "Scanned layers").
 SCAN_RESIDUALS = ("matmuls", "all")
 
 
 @functools.lru_cache(maxsize=None)
 def layer_step(block_class: type) -> type:
-  """`block_class` (`block.Block` or a class with its call) as a scan step: (x, per-layer
-  inputs) -> (x, x or None); `train` and whether to emit the hidden state are attributes,
-  since scan and remat take only arrays."""
+  """`block_class` (with `block.Block`'s call) as a scan step: (x, per-layer inputs) -> (x, x
+  or None); `train` and whether to emit the hidden state are attributes (scan takes arrays)."""
 
   class LayerStep(block_class):
     train: bool = False
@@ -46,8 +40,8 @@ def layer_step(block_class: type) -> type:
 def run_blocks(parent: nn.Module, m, x_BTD, anchors: Dict[str, Any], *, causal: bool, dtype,
                key_mask, segment_ids, train: bool, cache_index, lengths):
   """x [B, T, D] through every block, as submodules of `parent` (a compact Transformer: its
-  `block_class()` with `block_attributes()`, its `remat_policy()`), sowing each block's output as "hidden" in
-  `intermediates`, layer by layer, in order."""
+  `block_class()` with `block_attributes()`, its `remat_policy()`), sowing each block's
+  output as "hidden" in `intermediates`, in order."""
   scanned = scan_layout.scanned_layers(m)
   step_class, extra = layer_step(parent.block_class()), parent.block_attributes()
   emit = parent.is_mutable_collection("intermediates")

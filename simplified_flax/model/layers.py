@@ -16,8 +16,6 @@ INIT_TYPES = ("normal", "orth", "id")
 ACTIVATIONS = ("leaky_relu", "gelu")
 PLAIN_STD = 0.02   # N(0, 0.02): every plain weight (GPT-2), no depth rescaling
 DYT_ALPHA_INIT = 0.5   # DyT's alpha_0 (Zhu et al. 2025, Sec. 4: 0.5 for every non-LLM model)
-DERF_ALPHA_INIT = 0.5   # Derf's alpha_0 and s_0 (Chen et al. 2025, arXiv 2512.10938: as DyT's
-DERF_SHIFT_INIT = 0.0   # alpha_0; s a learnable scalar from 0)
 
 
 def gain(module: nn.Module, name: str, value: float, trainable: bool, shape=()) -> jax.Array:
@@ -59,28 +57,20 @@ class DyT(nn.Module):
     alpha = self.param("alpha_gain", nn.initializers.constant(self.alpha_init), (), jnp.float32)
     gamma_D = self.param("scale", nn.initializers.ones, (D,), jnp.float32)
     beta_D = self.param("bias", nn.initializers.zeros, (D,), jnp.float32)
-    return (gamma_D * jnp.tanh(alpha * x.astype(jnp.float32)) + beta_D).astype(self.dtype)
+    return (gamma_D * self.squash(alpha * x.astype(jnp.float32)) + beta_D).astype(self.dtype)
+
+  def squash(self, z):
+    return jnp.tanh(z)
 
 
-class Derf(nn.Module):
+class Derf(DyT):
   """Dynamic erf (Chen, Lu, Zhu, Sun, Liu, "Stronger Normalization-Free Transformers", arXiv
-  2512.10938): `gamma * erf(alpha * x + s) + beta` over the last axis, in place of a norm;
-  alpha and s learnable scalars from `alpha_init` and `shift_init`, gamma [D] ones, beta [D]
-  zeros. Both scalars are named as gains (`alpha_gain`, `shift_gain`): never weight-decayed,
-  logged with the gains, as DyT's alpha."""
-  alpha_init: float = DERF_ALPHA_INIT
-  shift_init: float = DERF_SHIFT_INIT
-  dtype: Any = jnp.float32
+  2512.10938): `gamma * erf(alpha * x + s) + beta`, DyT with erf and a learnable scalar shift
+  s from 0, named as a gain (`shift_gain`) as alpha is; alpha_0 = 0.5 as DyT's."""
 
-  @nn.compact
-  def __call__(self, x):
-    D = x.shape[-1]
-    alpha = self.param("alpha_gain", nn.initializers.constant(self.alpha_init), (), jnp.float32)
-    shift = self.param("shift_gain", nn.initializers.constant(self.shift_init), (), jnp.float32)
-    gamma_D = self.param("scale", nn.initializers.ones, (D,), jnp.float32)
-    beta_D = self.param("bias", nn.initializers.zeros, (D,), jnp.float32)
-    erf = jax.scipy.special.erf(alpha * x.astype(jnp.float32) + shift)
-    return (gamma_D * erf + beta_D).astype(self.dtype)
+  def squash(self, z):
+    shift = self.param("shift_gain", nn.initializers.zeros, (), jnp.float32)
+    return jax.scipy.special.erf(z + shift)
 
 
 def make_norm(norm_type: str, eps: float, dtype, name: str) -> Callable:
@@ -128,11 +118,10 @@ def dense(features: int, dtype, name: str, kernel_init=normal_init(PLAIN_STD),
 
 
 class ReparamLinear(nn.Module):
-  """Value / output projection ([SB] Sec. 4.2), [.., D] -> [.., D], no bias, in the form of
-  `settings.form`: the identity (no parameters); plain `x @ W`, W initialised by `init_type`
-  (or N(0, init_std)); reparameterised `x @ (resid_gain * W + skip_gain * W0)` (Eq. (7)), W
-  zero at init (or N(0, init_std)), W0 the fixed `anchor` passed in (`constants`).
-  """
+  """Value / output projection ([SB] Sec. 4.2), [.., D] -> [.., D], no bias, by `settings.form`:
+  the identity (no parameters); plain `x @ W`, W by `init_type` (or N(0, init_std));
+  reparameterised `x @ (resid_gain * W + skip_gain * W0)` (Eq. (7)), W zero at init (or N(0,
+  init_std)), W0 the fixed `anchor` passed in (`constants`)."""
   settings: Any   # valproj.LinearSettings
   dtype: Any = jnp.float32
   product: Callable = matmul   # x @ kernel: `matmul`, or an exact form of it (the speed package's)

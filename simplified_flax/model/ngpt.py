@@ -1,34 +1,20 @@
-"""nGPT, the normalized Transformer (Loshchilov, Hsieh, Sun, Ginsburg, "nGPT: Normalized
-Transformer with Representation Learning on the Hypersphere", ICLR 2025), with
-`model.ngpt=True` (docs/model.md, "nGPT", Eqs. (9)-(10)). Every hidden state and every weight vector along the embedding
-dimension lies on the unit sphere, and there are no norm layers. Each layer moves h towards
-the normalised output of each branch (their Eqs. (10)-(11)):
+"""nGPT, the normalized Transformer (Loshchilov, Hsieh, Sun, Ginsburg, ICLR 2025), with
+`model.ngpt=True` (docs/model.md, "nGPT", Eqs. (9)-(10); docs/beyond_the_paper.md, "nGPT").
+Hidden states and every weight vector along the embedding dimension lie on the unit sphere;
+there are no norm layers. Each layer moves h towards each branch's normalised output (their
+Eqs. (10)-(11)), alpha_A, alpha_M [D] learnable "eigen learning rates":
 
     h <- Norm(h + alpha_A * (Norm(Attn(h)) - h)),   then the same with alpha_M and MLP(h)
 
-alpha_A, alpha_M [D] are learnable "eigen learning rates". Inside the branches:
-    Attn: q, k, v = h W_q, h W_k, h W_v; per head q <- s_qk * Norm(q), k <- s_qk * Norm(k)
-          (Eqs. (15)-(16)); causal softmax with scale sqrt(d_k) instead of 1 / sqrt(d_k);
-          output (A v) W_o
-    MLP:  u, v = h W_u, h W_v; u <- s_u * u, v <- s_v * sqrt(D) * v (Eqs. (20)-(21));
-          output (u * SiLU(v)) W_o (SwiGLU, F = mlp_width_mult * D each for u and v)
-and the head scales each logit: z = s_z * (h E^T) (Eq. (3); model/transformer.py).
-
-Every learnable scale s is stored as `s_scale` times ones and read as
-`stored * (s_init / s_scale)` (their Sec. 2.5): its effective learning rate is then
-`s_init / s_scale` times the global one. Inits and scales as the authors' code has them:
-alpha: init 0.05, scale 1/sqrt(D); s_qk: init 1, scale 1/sqrt(D); s_u, s_v: init 1, scale 1;
-s_z: init 1, scale 1/sqrt(D).
-
-Weight matrices are drawn N(0, 1) and normalised along the embedding dimension
-(`unit_norm_init`). The optimiser renormalises them after every step
-(`renormalize`, applied by training/optimizer.py), so the forward pass never normalises a
-weight itself.
-
-Where this differs from the paper: positions are this code's learned absolute table (`wpe`,
-unit-norm rows too, the first hidden state `Norm(E[token] + P[position])`), not RoPE; the head
-is tied to the token embedding (the paper and its code keep E_input and E_output apart); the
-update takes alpha as it is (the authors' code takes |alpha|).
+Attn: per head q <- s_qk * Norm(q), k <- s_qk * Norm(k) (Eqs. (15)-(16)), softmax scale
+sqrt(d_k). MLP: SwiGLU `(s_u u * SiLU(s_v sqrt(D) v)) W_o` (Eqs. (20)-(21)). Head: z = s_z *
+(h E^T) (Eq. (3); model/transformer.py). Each learnable scale s is stored as `s_scale` times
+ones and read as `stored * (s_init / s_scale)` (their Sec. 2.5), at the authors' values (the
+constants below). Weights are drawn N(0, 1) and normalised (`unit_norm_init`); the optimiser
+renormalises them after every step (`renormalize`, training/optimizer.py), so the forward
+pass never normalises a weight. Unlike the paper: learned absolute positions (`wpe`,
+unit-norm rows; the first state is `Norm(E[token] + P[position])`), not RoPE; the head is tied
+to `wte`; alpha is used as it is (the authors' code takes |alpha|).
 """
 import math
 from typing import Any
@@ -41,10 +27,10 @@ from simplified_flax.model import attention
 from simplified_flax.model import kv_cache
 from simplified_flax.model import layers
 
-ALPHA_INIT = 0.05      # alpha_A and alpha_M (their code: 0.05; the paper: of order 1 / n_layer)
-SQK_INIT = 1.0         # s_qk
+ALPHA_INIT = 0.05   # alpha_A, alpha_M at scale 1/sqrt(D) (their code; the paper: ~1 / n_layer)
+SQK_INIT = 1.0      # s_qk at scale 1/sqrt(D)
 SUV_INIT, SUV_SCALE = 1.0, 1.0   # s_u and s_v
-SZ_INIT = 1.0          # s_z
+SZ_INIT = 1.0       # s_z at scale 1/sqrt(D)
 # The axis along which each weight is a vector of the embedding dimension, by the name of the
 # module that holds it: the input axis of the maps from the hidden state (kernels [D, F]), the
 # output axis of the maps back to it ([F, D]) and the rows of the tables ([V, D]). Negative,

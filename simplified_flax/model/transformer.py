@@ -41,8 +41,7 @@ class Transformer(nn.Module):
 
   @nn.nowrap
   def block_class(self) -> type:
-    """The block every layer runs: `block.Block`, or nGPT's (`model.ngpt`; model/ngpt.py)
-    (the speed package passes its own)."""
+    """The block every layer runs: `block.Block`, or nGPT's (model/ngpt.py)."""
     return ngpt.Block if self.cfg.get("ngpt", False) else block.Block
 
   @nn.nowrap
@@ -59,11 +58,10 @@ class Transformer(nn.Module):
   def forward(self, tokens_BT, *, segment_ids=None, key_mask=None, train: bool = False,
               decode: bool = False, lengths=None, return_hidden: bool = False,
               lookup: Callable = layers.take_rows):
-    """`lengths` [B] (decode only): the real leading tokens of each row (default T), by which
-    its cache index advances. `return_hidden`: the final norm's output [B, T, D] instead
-    of the logits (for a task head, glue/classifier.py, or the training loss's tied head);
-    the parameters are the same. `lookup(table_VD, tokens_BT)`: how tokens read the `wte`
-    table (any exact form of `layers.take_rows`)."""
+    """`lengths` [B] (decode only): each row's real leading tokens (default T), by which its
+    cache index advances. `return_hidden`: the final norm's output [B, T, D] instead of the
+    logits (for a task head or the training loss's own head). `lookup(table_VD, tokens_BT)`:
+    how tokens read the `wte` table (any exact form of `layers.take_rows`)."""
     m = self.cfg
     B, T = tokens_BT.shape
     if T > m.max_position_embeddings:
@@ -101,8 +99,7 @@ class Transformer(nn.Module):
     x_BTD = final_norm(m, self.dtype)(x_BTD)
     if return_hidden:
       return x_BTD
-    # With vocab_pad_multiple the head's matmul runs on a zero-padded table and the padded
-    # columns are cut off again, so no caller (loss, sampling, metrics) ever sees them.
+    # vocab_pad_multiple: the head's matmul reads a zero-padded table; its extra columns are cut.
     multiple = m.get("vocab_pad_multiple", 1)
     padded = -(-m.vocab_size // multiple) * multiple
     table_VD = jnp.pad(wte.embedding, ((0, padded - m.vocab_size), (0, 0)))
@@ -115,19 +112,16 @@ class Transformer(nn.Module):
 def final_norm(m, dtype):
   """The norm before the head: a LayerNorm, or DyT / Derf where the blocks use it (Zhu et al.
   and Chen et al. replace every norm, the final one included); none in nGPT (the identity)."""
-  if m.get("ngpt", False):
-    return lambda x: x
-  if m.norm_type in ("dyt", "derf"):
-    return layers.make_norm(m.norm_type, m.norm_eps, dtype, "ln_f")
-  return nn.LayerNorm(epsilon=m.norm_eps, dtype=dtype, name="ln_f")
+  norm_type = "none" if m.get("ngpt", False) else (
+      m.norm_type if m.norm_type in ("dyt", "derf") else "ln")
+  return layers.make_norm(norm_type, m.norm_eps, dtype, "ln_f")
 
 
 def build_model(model_config, dtype="float32") -> Transformer:
-  """The reference model `model_config.kind` names ("decoder" or "encoder"), computing in
-  `dtype`: the papers' equations under autodiff, on every platform. The config is trusted
-  (runs/config_checks.py checks it once per start). Training builds its model through the
-  speed package instead (`simplified_flax.fast.build_model`), which returns this model or one
-  with the same parameters that computes the same values faster."""
+  """The reference model `model_config.kind` names ("decoder" or "encoder") in `dtype`: the
+  papers' equations under autodiff, on every platform (the config is checked once per start,
+  runs/config_checks.py). Training builds its model through `simplified_flax.fast.build_model`:
+  this model, or one with the same parameters that computes the same values faster."""
   assert model_config.kind in ("decoder", "encoder"), model_config.kind
   return Transformer(ml_collections.FrozenConfigDict(model_config),   # hashable, as attributes are
                      causal=model_config.kind == "decoder",

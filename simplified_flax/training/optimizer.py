@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from simplified_flax.model import block
 from simplified_flax.model import ngpt
 from simplified_flax.model import scan_layout
 from simplified_flax.runs.config_checks import OPTIMIZERS, SCHEDULES
@@ -138,10 +137,10 @@ def depth_mup_scales(model_config) -> tuple[float, float]:
   `model.depth_mup_alpha`. Embeddings, the final norm and the head keep the base values; so
   do the initial values (the depth terms of Table 1 leave every init variance alone) and the
   weight decay (Table 1 scales it with width only)."""
-  m_L = block.depth_multiplier(model_config)
-  if m_L is None:
+  alpha = model_config.get("depth_mup_alpha")
+  if alpha is None:   # absent from configs saved before it
     return 1.0, 1.0
-  alpha = model_config.depth_mup_alpha
+  m_L = model_config.n_layer / model_config.depth_mup_base_layers
   return float(m_L ** (alpha - 1)), float(m_L ** -alpha)
 
 
