@@ -25,9 +25,14 @@ at 2e-3 with L_base=1 (branches x 1/4) against Pre-LN's 2.341 ± 0.009: -0.067
 Paper shape (L=18) on an accelerator host:
     python -m simplified_flax.train --config=configs/completep.py --workdir=/tmp/completep
 
-The transfer check (the best learning rate at 4 and at 16 layers, each from a 3-point grid,
-against Pre-LN's; 24 runs, about 6-7 hours on 2 cores; drop --print to run them):
-    python -m simplified_flax.sweep --config=completep:cpu --variants=preln,completep --grid=model.n_layer=4,16 --grid=optimizer.learning_rate=5e-4,1e-3,2e-3 --seeds=2 --best_of=optimizer.learning_rate --workdir_root=workdirs/completep_transfer --print
+The transfer check (experiments/results/cpu/completep_transfer, 2026-12-07): the best learning
+rate at 4 and at 16 layers against Pre-LN's, 32 runs of 300 steps at D=128, T=64, batch 16,
+2 seeds, rates 5e-4 to 4e-3 (about 50 minutes with --jobs=2 on 2 cores):
+    python -m simplified_flax.sweep --config=completep:cpu --variants=preln,completep --grid=model.n_layer=4,16 --grid=optimizer.learning_rate=5e-4,1e-3,2e-3,4e-3 --seeds=2 --best_of=optimizer.learning_rate --jobs=2 --workdir_root=workdirs/completep_transfer --config.model.n_embd=128 --config.model.n_head=4 --config.model.context_length=64 --config.batch_size=16 --config.num_train_steps=300 --config.eval_every_steps=100 --config.eval_steps=8 --config.log_every_steps=25 --config.checkpoint_every_steps=150 --config.model.depth_mup_base_layers=4
+Measured: Pre-LN's best rate is 1e-3 at both depths; CompleteP's is 1e-3 at 4 layers (it is
+Pre-LN there) and 2e-3 at 16 (2.390 ± 0.001; 2.419 ± 0.021 at 1e-3). At 16 layers CompleteP
+at its best is below Pre-LN at its best by 0.117 [0.078, 0.156]. At this budget its best rate
+moved one grid step (x2) and Pre-LN's did not: the transfer is not shown at this scale.
 
 The speed package has not verified `model.depth_mup_alpha`: the run builds the reference model
 and logs one line saying so (docs/fast.md).
