@@ -1,4 +1,6 @@
 """KV-cache decoding: cached logits equal the full forward pass; the loop compiles once."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -20,15 +22,23 @@ def sequences():
   return [rng.integers(3, V, n).astype(np.int32) for n in SEQ_LENGTHS]
 
 
-def build(variant, impl="explicit"):
-  model = transformer.build_model(tiny_config(variant, attention_impl=impl).model)
-  # Jitted: op-by-op initialisation and forward passes compiled each op apart (most of the
-  # file's time); the values are the same programs' either way.
-  variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))
+@functools.cache
+def _variables(variant):
+  """The variant's initial variables, perturbed; the same for both attention forms (their
+  parameter trees are the same), so initialisation compiles once per variant, not per form."""
+  model = transformer.build_model(tiny_config(variant, attention_impl="explicit").model)
+  # Op by op: each op compiles once per shape in this process, shared by the variants (a
+  # jitted init compiled each variant's whole init, about a second each). The forward passes
+  # below are jitted: op by op, their many ops would be most of the file's time.
+  variables = model.init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))
   # Zero-initialised weights (SAS queries, reparameterised values) would hide position bugs.
   rng = np.random.default_rng(0)
-  return model, jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape, np.float32),
-                             variables)
+  return jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape, np.float32), variables)
+
+
+def build(variant, impl="explicit"):
+  return transformer.build_model(tiny_config(variant, attention_impl=impl).model), _variables(
+      variant)
 
 
 @jax.jit(static_argnums=0)
@@ -39,12 +49,11 @@ def full_logits(model, variables, tokens_BT):
 apply_cached = jax.jit(decode.apply_cached, static_argnums=0)
 
 
-def cached_logits(model, variables, prompt_lengths):
-  """Per row, the logits of `sequences()` from the cache: the prompts in one padded call (if
-  any), then one teacher-forced token per row per step (token 0 past a row's end)."""
+def cached_logits(model, variables, prompt_lengths, cache):
+  """Per row, the logits of `sequences()` from `cache` (empty): the prompts in one padded call
+  (if any), then one teacher-forced token per row per step (token 0 past a row's end)."""
   seqs = sequences()
   num_steps = max(n - p for n, p in zip(SEQ_LENGTHS, prompt_lengths))
-  cache = decode.init_cache(model, len(seqs), max(SEQ_LENGTHS))
   cached = [[] for _ in seqs]
   if max(prompt_lengths):
     prompts_BT, lengths_B = decode.pad_prompts([s[:p] for s, p in zip(seqs, prompt_lengths)])
@@ -73,8 +82,10 @@ def test_cached_decoding_equals_the_full_forward_pass(variant, impl):
     rows_BT[b, :len(s)] = s
   full_BTV = full_logits(model, variables, rows_BT)
   full = [full_BTV[b, :n] for b, n in enumerate(SEQ_LENGTHS)]
+  # One empty cache for both passes (arrays are immutable; apply_cached returns a new one).
+  empty_cache = decode.init_cache(model, len(SEQ_LENGTHS), max(SEQ_LENGTHS))
   for prompt_lengths in (PROMPT_LENGTHS, (0, 0, 0)):   # prompts then steps; only steps
-    for b, logits_TV in enumerate(cached_logits(model, variables, prompt_lengths)):
+    for b, logits_TV in enumerate(cached_logits(model, variables, prompt_lengths, empty_cache)):
       np.testing.assert_allclose(logits_TV, full[b], atol=1e-5, rtol=1e-5,
                                  err_msg=f"row {b}, prompts of lengths {prompt_lengths}")
 
@@ -85,12 +96,18 @@ def test_per_row_query_offsets_equal_each_row_with_its_own_offset(impl):
   gains = dict(resid_gain=jnp.full(4, 0.7), skip_gain=jnp.full(4, 1.1),
                centre_gain=jnp.full(4, 0.9))
   offsets = np.array([2, 6])
-  both = attention.shaped_attention(q, k, v, causal=True, query_offset=offsets, impl=impl,
-                                    **gains)
-  for b, offset in enumerate(offsets):
-    alone = attention.shaped_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], causal=True,
-                                       query_offset=int(offset), impl=impl, **gains)
-    np.testing.assert_allclose(both[b:b + 1], alone, atol=1e-6)
+
+  @jax.jit   # one program (op by op, each op compiled apart, was slower)
+  def both_and_alone(q, k, v):
+    both = attention.shaped_attention(q, k, v, causal=True, query_offset=offsets, impl=impl,
+                                      **gains)
+    return both, [attention.shaped_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], causal=True,
+                                             query_offset=int(offset), impl=impl, **gains)
+                  for b, offset in enumerate(offsets)]
+
+  both, alone = both_and_alone(q, k, v)
+  for b in range(len(offsets)):
+    np.testing.assert_allclose(both[b:b + 1], alone[b], atol=1e-6)
 
 
 def _count_decode_traces():
@@ -168,7 +185,7 @@ def test_sampling_filters():
   greedy = decode.sample(rng, logits_BV, decode.Sampling(temperature=0))
   np.testing.assert_array_equal(greedy, [0, 3])
   np.testing.assert_array_equal(decode.sample(rng, logits_BV, decode.Sampling(top_k=1)), greedy)
-  draws = jax.vmap(lambda k: decode.sample(k, logits_BV, decode.Sampling(top_p=0.6)))(
+  draws = jax.jit(jax.vmap(lambda k: decode.sample(k, logits_BV, decode.Sampling(top_p=0.6))))(
       jax.random.split(rng, 2000))
   assert set(np.unique(draws[:, 0])) == {0, 1, 2} and set(np.unique(draws[:, 1])) == {3}
   share = np.mean(np.asarray(draws[:, 0]) == 0)

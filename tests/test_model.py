@@ -48,14 +48,22 @@ def test_decoder_is_causal_by_gradients(variant, impl):
   toks = tokens(batch=1)
   model, variables = init(config, toks)
 
-  def logits_at(delta_BTD, t):
+  def logits_TV(delta_BTD):
     with nn.intercept_methods(_embedding_interceptor(delta_BTD)):
-      return jnp.sum(model.apply(variables, toks)[0, t])
+      return model.apply(variables, toks)[0]
 
   positions = (0, 7, T - 2)
-  grads_PTD = jax.jit(lambda delta: jnp.stack(   # one program for every position
-      [jax.grad(logits_at)(delta, t)[0] for t in positions]))(
-          jnp.zeros((1, T, config.model.n_embd)))
+
+  @jax.jit   # one program for every position: one forward pass, one vmapped backward pass
+  def position_grads(delta_BTD):
+    logits, vjp = jax.vjp(logits_TV, delta_BTD)
+    # Row p's cotangent is 1 at position positions[p], every vocabulary entry, 0 elsewhere:
+    # its VJP is the gradient of sum(logits[positions[p]]) with respect to the embeddings.
+    ones_PTV = jnp.zeros((len(positions),) + logits.shape).at[
+        jnp.arange(len(positions)), jnp.array(positions)].set(1.0)
+    return jax.vmap(lambda ones_TV: vjp(ones_TV)[0][0])(ones_PTV)
+
+  grads_PTD = position_grads(jnp.zeros((1, T, config.model.n_embd)))
   for t, grad_TD in zip(positions, grads_PTD):
     assert float(jnp.abs(grad_TD[t + 1:]).max()) == 0.0, f"position {t} sees the future"
     assert float(jnp.abs(grad_TD[: t + 1]).max()) > 0.0
@@ -66,10 +74,16 @@ def test_encoder_outputs_at_real_tokens_ignore_appended_padding(impl):
   config = tiny_config("bert_sas_p", attention_impl=impl)
   toks = tokens(length=10)
   model, variables = init(config, toks)
-  short = model.apply(variables, toks, key_mask=jnp.ones((2, 10), bool))
-  padded_toks = jnp.concatenate([toks, jnp.zeros((2, 6), toks.dtype)], axis=1)
-  key_mask = jnp.arange(16)[None, :] < 10
-  padded = model.apply(variables, padded_toks, key_mask=jnp.broadcast_to(key_mask, (2, 16)))
+
+  @jax.jit   # both passes in one program (op by op, each op compiled apart, was slower)
+  def short_and_padded(variables):
+    short = model.apply(variables, toks, key_mask=jnp.ones((2, 10), bool))
+    padded_toks = jnp.concatenate([toks, jnp.zeros((2, 6), toks.dtype)], axis=1)
+    key_mask = jnp.arange(16)[None, :] < 10
+    return short, model.apply(variables, padded_toks,
+                              key_mask=jnp.broadcast_to(key_mask, (2, 16)))
+
+  short, padded = short_and_padded(variables)
   np.testing.assert_allclose(padded[:, :10], short, atol=1e-5)
 
 
@@ -172,10 +186,16 @@ def test_packed_rows_equal_separate_sequences():
   config = tiny_config("sas", attention_impl="fused")
   a, b = tokens(1, 6, seed=4), tokens(1, 10, seed=5)
   model, variables = init(config, a)
-  packed = model.apply(variables, jnp.concatenate([a, b], 1),
-                       segment_ids=jnp.array([[1] * 6 + [2] * 10]))
-  np.testing.assert_allclose(packed[:, :6], model.apply(variables, a), atol=1e-5)
-  np.testing.assert_allclose(packed[:, 6:], model.apply(variables, b), atol=1e-5)
+
+  @jax.jit   # the three passes in one program (op by op, each op compiled apart, was slower)
+  def packed_and_alone(variables):
+    packed = model.apply(variables, jnp.concatenate([a, b], 1),
+                         segment_ids=jnp.array([[1] * 6 + [2] * 10]))
+    return packed, model.apply(variables, a), model.apply(variables, b)
+
+  packed, alone_a, alone_b = packed_and_alone(variables)
+  np.testing.assert_allclose(packed[:, :6], alone_a, atol=1e-5)
+  np.testing.assert_allclose(packed[:, 6:], alone_b, atol=1e-5)
 
 
 @pytest.mark.parametrize("variant", ["preln", "sas_p"])
@@ -192,14 +212,20 @@ def test_forward_mode_agrees_with_reverse_mode_so_hessian_vector_products_work(v
   keys = jax.random.split(jax.random.key(3), len(leaves))
   direction = jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape)
                                            for k, x in zip(keys, leaves)])
-  # Jitted: each transformation compiles once instead of dispatching op by op.
-  forward = jax.jit(lambda p, v: jax.jvp(loss_fn, (p,), (v,))[1])(params, direction)
-  reverse = sum(jnp.vdot(g, v) for g, v in zip(jax.tree.leaves(jax.jit(jax.grad(loss_fn))(params)),
-                                                  jax.tree.leaves(direction)))
+  # Jitted, the four transformations in one program: one compile, not one per transformation
+  # (nor op-by-op dispatch).
+  @jax.jit
+  def both_modes(p, v):
+    forward = jax.jvp(loss_fn, (p,), (v,))[1]
+    reverse = sum(jnp.vdot(g, d) for g, d in zip(jax.tree.leaves(jax.grad(loss_fn)(p)),
+                                                  jax.tree.leaves(v)))
+    hvp_fwd_rev = jax.jvp(jax.grad(loss_fn), (p,), (v,))[1]
+    hvp_rev_rev = jax.grad(lambda p, v: jnp.vdot(
+        jax.flatten_util.ravel_pytree(jax.grad(loss_fn)(p))[0],
+        jax.flatten_util.ravel_pytree(v)[0]))(p, v)
+    return forward, reverse, hvp_fwd_rev, hvp_rev_rev
+
+  forward, reverse, hvp_fwd_rev, hvp_rev_rev = both_modes(params, direction)
   np.testing.assert_allclose(forward, reverse, rtol=1e-4)
-  hvp_fwd_rev = jax.jit(lambda p, v: jax.jvp(jax.grad(loss_fn), (p,), (v,))[1])(params, direction)
-  hvp_rev_rev = jax.jit(jax.grad(lambda p, v: jnp.vdot(
-      jax.flatten_util.ravel_pytree(jax.grad(loss_fn)(p))[0],
-      jax.flatten_util.ravel_pytree(v)[0])))(params, direction)
   for a, b in zip(jax.tree.leaves(hvp_fwd_rev), jax.tree.leaves(hvp_rev_rev)):
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
