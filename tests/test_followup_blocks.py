@@ -15,7 +15,6 @@ from conftest import tiny_config
 from simplified_flax import fast
 from simplified_flax.authors import config_map
 from simplified_flax.model import block
-from simplified_flax.model import decode
 from simplified_flax.model import layers
 from simplified_flax.model import mlp as mlp_lib
 from simplified_flax.model import transformer
@@ -177,29 +176,8 @@ def test_gated_shaped_attention_gates_the_sas_output_equally_in_both_forms():
                                err_msg=impl)
 
 
-def test_gated_attention_decodes_from_the_cache_as_the_full_pass():
-  """SAS-P gated, fused (the cache's running-sum path): a 3-token prompt, then one token a
-  step, against the full pass; one program."""
-  config = tiny_config("sas_p_gated", attention_impl="fused")
-  model = transformer.build_model(config.model)
-  tokens_1T = _tokens(length=10)[:1]
-  variables = jax.jit(model.init)(jax.random.key(0), tokens_1T)
-  variables = {**variables, "params": _perturbed(variables["params"])}
-  prompt = 3
-
-  @jax.jit
-  def full_and_cached(variables):
-    full_1TV = model.apply(variables, tokens_1T)
-    cache = decode.init_cache(model, 1, tokens_1T.shape[1])
-    prefill_1PV, cache = decode.apply_cached(model, variables, cache, tokens_1T[:, :prompt])
-    def step(cache, token_1):
-      logits_11V, cache = decode.apply_cached(model, variables, cache, token_1[:, None])
-      return cache, logits_11V[:, 0]
-    _, steps_S1V = jax.lax.scan(step, cache, tokens_1T[:, prompt:].T)
-    return full_1TV, jnp.concatenate([prefill_1PV[0], steps_S1V[:, 0]])
-
-  full_1TV, cached_TV = full_and_cached(variables)
-  np.testing.assert_allclose(cached_TV, full_1TV[0], rtol=1e-5, atol=1e-5)
+# Decoding from the cache (the gate on the running-sum path included): tests/test_decode.py
+# checks every decoder config of configs/, these four among them, in both attention forms.
 
 
 # ------------------------------------------------------------------------------------------
