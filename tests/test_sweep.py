@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from simplified_flax.sweeps import comparison
 from simplified_flax.sweeps import driver
 from simplified_flax.sweeps import execute
 from simplified_flax.sweeps import plan
@@ -216,7 +217,7 @@ def _collected(variant, rate, seed, loss):
   run = plan.Run(name=f"{variant}_{rate}_{seed}", variant=variant,
                  point=(("optimizer.learning_rate", rate),), seed=seed, config_spec=variant,
                  overrides=(), workdir="", steps=4)
-  return report.Collected(run, None if loss is None else {"final_eval_loss": loss})
+  return comparison.Collected(run, None if loss is None else {"final_eval_loss": loss})
 
 
 def test_best_of_compares_each_variant_at_its_own_best_value_and_a_diverged_value_never_wins():
@@ -224,7 +225,7 @@ def test_best_of_compares_each_variant_at_its_own_best_value_and_a_diverged_valu
             ("sas_p", 1e-3): (2.9, 3.1), ("sas_p", 3e-3): (1.0, None)}   # None: diverged
   collected = [_collected(v, r, s, loss) for (v, r), pair in losses.items()
                for s, loss in enumerate(pair)]
-  rows = report.best_of_rows(report._groups(collected), "preln", "optimizer.learning_rate")
+  rows = comparison.best_of_rows(comparison.groups(collected), "preln", "optimizer.learning_rate")
   preln, sas_p = rows
   assert (preln["best"], sas_p["best"]) == (3e-3, 1e-3)
   assert sas_p["mean_difference"] == pytest.approx(0.1)   # (2.9-2.8 + 3.1-3.0) / 2

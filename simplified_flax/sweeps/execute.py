@@ -119,6 +119,128 @@ def _evaluate(run: plan.Run, scheme: str, python: str, env: Mapping[str, str], l
   return True
 
 
+def _queue(runs: Sequence[plan.Run], quantize: str | None, outcome: Outcome) -> collections.deque:
+  """The runs to train (unfinished) or, with `quantize`, to evaluate only (finished, without
+  their quantized evaluation), in sweep order; finished runs are recorded in `outcome`."""
+  todo = collections.deque()
+  for run in runs:
+    if results.is_finished(run.workdir, run.steps):
+      outcome.finished.append(run.name)
+      if quantize and results.quantized_eval(run.workdir, quantize) is None:
+        todo.append(run)
+    else:
+      todo.append(run)
+  return todo
+
+
+class _Workers:
+  """`len(slots)` threads taking runs from `todo`, each run a child process; one lock guards
+  the outcome, the queue and the running processes."""
+
+  def __init__(self, todo: collections.deque, outcome: Outcome, total: int,
+               slots: list[dict[str, str]], log_dir: str, python: str,
+               say: Callable[[str], None], quantize: str | None):
+    self.todo, self.outcome, self.total, self.slots = todo, outcome, total, slots
+    self.log_dir, self.python, self.say, self.quantize = log_dir, python, say, quantize
+    self.lock, self.stopping = threading.Lock(), threading.Event()
+    self.running: dict[str, subprocess.Popen] = {}
+    self.started = time.monotonic()
+
+  def progress(self, run: plan.Run, seconds: float, what: str) -> None:
+    """One line: runs done / total, what happened to `run`, the ETA. Under the lock."""
+    outcome = self.outcome
+    done = len(outcome.finished) + len(outcome.failed)
+    left = self.total - done
+    eta = ""
+    if left and outcome.trained:
+      per_run = (time.monotonic() - self.started) / (len(outcome.trained) + len(outcome.failed))
+      eta = f"; ETA {metrics_io.format_duration(per_run * left / len(self.slots))}"
+    self.say(f"[{done}/{self.total}] {run.name}: {what} ({metrics_io.format_duration(seconds)})"
+             f"{eta}")
+
+  def evaluate_only(self, run: plan.Run, env: Mapping[str, str], log, log_path: str) -> None:
+    ok = _evaluate(run, self.quantize, self.python, env, log)
+    with self.lock:
+      if not ok:
+        self.outcome.failed[run.name] = f"{self.quantize} evaluation: {error_line(log_path)}"
+      self.say(f"{run.name}: {self.quantize} evaluation "
+               + ("written" if ok else f"FAILED (log: {log_path})"))
+
+  def train(self, run: plan.Run, env: Mapping[str, str], log, log_path: str) -> None:
+    """Trains `run` (then evaluates it, with `quantize`) and records how it ended."""
+    began = time.monotonic()
+    process = subprocess.Popen([self.python, "-m", plan.TRAIN_MODULE, *run.train_args()],
+                               env=env, stdout=log, stderr=subprocess.STDOUT)
+    with self.lock:
+      self.running[run.name] = process
+    status = process.wait()
+    with self.lock:
+      self.running.pop(run.name)
+    trained = status == 0 and results.is_finished(run.workdir, run.steps)
+    evaluated = (not trained or not self.quantize or self.stopping.is_set()
+                 or _evaluate(run, self.quantize, self.python, env, log))
+    seconds = time.monotonic() - began
+    with self.lock:
+      outcome = self.outcome
+      if trained:
+        outcome.finished.append(run.name)
+        outcome.trained.append(run.name)
+        loss = results.final_eval_loss(run.workdir)
+        if not evaluated:
+          outcome.failed[run.name] = f"{self.quantize} evaluation: {error_line(log_path)}"
+        self.progress(run, seconds, f"final eval loss {loss:.4f}" + (
+            "" if evaluated else f"; {self.quantize} evaluation FAILED (log: {log_path})"))
+      elif status == 0 or self.stopping.is_set():
+        outcome.interrupted = True   # stopped with its checkpoint: resumes on a rerun
+        self.stopping.set()
+      else:
+        outcome.failed[run.name] = error_line(log_path)
+        self.progress(run, seconds, f"FAILED: {outcome.failed[run.name]} (log: {log_path})")
+
+  def work(self, slot_env: dict[str, str]) -> None:
+    """One thread: the next queued run on this slot's devices, until none is left or a stop."""
+    while not self.stopping.is_set():
+      with self.lock:
+        if not self.todo:
+          return
+        run = self.todo.popleft()
+        evaluate_only = run.name in self.outcome.finished
+      log_path = os.path.join(self.log_dir, f"{run.name}.log")
+      env = {**os.environ, **slot_env}
+      with open(log_path, "ab") as log:
+        (self.evaluate_only if evaluate_only else self.train)(run, env, log, log_path)
+
+  def stop(self, signum=None, frame=None) -> None:
+    """Starts no more runs; SIGTERM to the running ones (each saves a checkpoint, exits 0)."""
+    del signum, frame
+    self.stopping.set()
+    with self.lock:
+      for process in self.running.values():
+        process.send_signal(signal.SIGTERM)
+
+  def run(self) -> None:
+    """Every thread to its end; SIGTERM (main thread only) and Ctrl-C stop them."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, self.stop) if in_main else None
+    threads = [threading.Thread(target=self.work, args=(slot,), daemon=True)
+               for slot in self.slots]
+    try:
+      for thread in threads:
+        thread.start()
+      while any(thread.is_alive() for thread in threads):
+        for thread in threads:
+          thread.join(timeout=0.2)
+    except KeyboardInterrupt:
+      self.stop()
+      for thread in threads:
+        thread.join()
+      self.outcome.interrupted = True
+    finally:
+      if in_main:
+        signal.signal(signal.SIGTERM, previous)
+    self.outcome.interrupted = self.outcome.interrupted or self.stopping.is_set()
+
+
 def run_all(runs: Sequence[plan.Run], *, jobs: int = 1, log_dir: str,
             python: str = sys.executable, say: Callable[[str], None] = print,
             quantize: str | None = None) -> Outcome:
@@ -126,108 +248,15 @@ def run_all(runs: Sequence[plan.Run], *, jobs: int = 1, log_dir: str,
   evaluates every finished one that lacks its quantized evaluation; see the module doc.
   One progress line per run that ends: runs done / total, its final eval loss, the ETA."""
   outcome = Outcome()
-  todo = collections.deque()
-  for run in runs:
-    if results.is_finished(run.workdir, run.steps):
-      outcome.finished.append(run.name)
-      if quantize and results.quantized_eval(run.workdir, quantize) is None:
-        todo.append(run)   # evaluated only
-    else:
-      todo.append(run)
+  todo = _queue(runs, quantize, outcome)
   slots = device_slots(min(jobs, max(len(todo), 1)))
-  total = len(runs)
   to_train = [run for run in todo if run.name not in outcome.finished]
   if outcome.finished:
-    say(f"{len(outcome.finished)} of {total} runs finished already (skipped); "
+    say(f"{len(outcome.finished)} of {len(runs)} runs finished already (skipped); "
         f"{len(to_train)} to train, {len(slots)} at a time"
         + (f"; {len(todo) - len(to_train)} to evaluate ({quantize})."
            if len(todo) > len(to_train) else "."))
-  if not todo:
-    return outcome
-  os.makedirs(log_dir, exist_ok=True)
-  lock, stopping = threading.Lock(), threading.Event()
-  running: dict[str, subprocess.Popen] = {}
-  started = time.monotonic()
-
-  def progress(run: plan.Run, seconds: float, what: str) -> None:
-    done = len(outcome.finished) + len(outcome.failed)
-    left = total - done
-    eta = ""
-    if left and outcome.trained:
-      per_run = (time.monotonic() - started) / (len(outcome.trained) + len(outcome.failed))
-      eta = f"; ETA {metrics_io.format_duration(per_run * left / len(slots))}"
-    say(f"[{done}/{total}] {run.name}: {what} ({metrics_io.format_duration(seconds)}){eta}")
-
-  def worker(slot_env: dict[str, str]) -> None:
-    while not stopping.is_set():
-      with lock:
-        if not todo:
-          return
-        run = todo.popleft()
-      log_path = os.path.join(log_dir, f"{run.name}.log")
-      began = time.monotonic()
-      env = {**os.environ, **slot_env}
-      with open(log_path, "ab") as log:
-        with lock:
-          evaluate_only = run.name in outcome.finished
-        if evaluate_only:
-          ok = _evaluate(run, quantize, python, env, log)
-          with lock:
-            if not ok:
-              outcome.failed[run.name] = f"{quantize} evaluation: {error_line(log_path)}"
-            say(f"{run.name}: {quantize} evaluation "
-                + ("written" if ok else f"FAILED (log: {log_path})"))
-          continue
-        process = subprocess.Popen([python, "-m", plan.TRAIN_MODULE, *run.train_args()],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT)
-        with lock:
-          running[run.name] = process
-        status = process.wait()
-        with lock:
-          running.pop(run.name)
-        trained = status == 0 and results.is_finished(run.workdir, run.steps)
-        evaluated = (not trained or not quantize or stopping.is_set()
-                     or _evaluate(run, quantize, python, env, log))
-      seconds = time.monotonic() - began
-      with lock:
-        if trained:
-          outcome.finished.append(run.name)
-          outcome.trained.append(run.name)
-          loss = results.final_eval_loss(run.workdir)
-          if not evaluated:
-            outcome.failed[run.name] = f"{quantize} evaluation: {error_line(log_path)}"
-          progress(run, seconds, f"final eval loss {loss:.4f}"
-                   + ("" if evaluated else f"; {quantize} evaluation FAILED (log: {log_path})"))
-        elif status == 0 or stopping.is_set():
-          outcome.interrupted = True   # stopped with its checkpoint: resumes on a rerun
-          stopping.set()
-        else:
-          outcome.failed[run.name] = error_line(log_path)
-          progress(run, seconds, f"FAILED: {outcome.failed[run.name]} (log: {log_path})")
-
-  def stop(signum=None, frame=None) -> None:
-    del signum, frame
-    stopping.set()
-    with lock:
-      for process in running.values():
-        process.send_signal(signal.SIGTERM)   # each saves a checkpoint and exits 0
-
-  in_main = threading.current_thread() is threading.main_thread()
-  previous = signal.signal(signal.SIGTERM, stop) if in_main else None
-  threads = [threading.Thread(target=worker, args=(slot,), daemon=True) for slot in slots]
-  try:
-    for thread in threads:
-      thread.start()
-    while any(thread.is_alive() for thread in threads):
-      for thread in threads:
-        thread.join(timeout=0.2)
-  except KeyboardInterrupt:
-    stop()
-    for thread in threads:
-      thread.join()
-    outcome.interrupted = True
-  finally:
-    if in_main:
-      signal.signal(signal.SIGTERM, previous)
-  outcome.interrupted = outcome.interrupted or stopping.is_set()
+  if todo:
+    os.makedirs(log_dir, exist_ok=True)
+    _Workers(todo, outcome, len(runs), slots, log_dir, python, say, quantize).run()
   return outcome

@@ -1,64 +1,19 @@
-"""The sweep's report: `report.md`, `results.json` and the loss curves, from the runs' workdirs.
-
-Per grid point: the final eval loss over seeds (mean ± sd), parameters, tokens/s, train time;
-against the reference variant, the mean difference with its 95% paired t-interval
-(stats.paired_interval); with `best_of`, each variant at its own best value of that field
-(the lowest mean over seeds) against the reference at its own best.
+"""The sweep's report: `report.md`, `results.json` and the loss curves in a folder (local or
+gs://), rendering comparison.py's numbers: per grid point the final eval loss over seeds
+(mean ± sd), parameters, tokens/s, train time; the paired intervals against the reference;
+with `best_of`, each variant at its own best value of that field.
 """
-import collections
-import dataclasses
 import json
 import math
 from typing import Sequence
 
 from etils import epath
 
+from simplified_flax.sweeps import comparison
 from simplified_flax.sweeps import plan
-from simplified_flax.sweeps import results
 from simplified_flax.sweeps import stats
 
 PLOTS_NEED = "the plots need matplotlib (pip install 'simplified_flax[experiments]')"
-
-
-@dataclasses.dataclass
-class Collected:
-  """Each run of the plan with its summary (finished), its error line (failed), or neither."""
-  run: plan.Run
-  summary: dict | None = None
-  error: str | None = None
-
-  @property
-  def loss(self) -> float | None:
-    return self.summary["final_eval_loss"] if self.summary else None
-
-
-def collect(runs: Sequence[plan.Run], failed: dict[str, str] | None = None,
-            quantize: str | None = None) -> list[Collected]:
-  """Reads every finished run's workdir (local or gs://): its summary, its peak activation
-  kurtosis (when its diagnostics logged one) and, with `quantize`, its quantized loss increase."""
-  out = []
-  for run in runs:
-    summary = None
-    if results.is_finished(run.workdir, run.steps):
-      summary = results.summarise(run.workdir)
-      summary["peak_kurtosis"] = results.peak_kurtosis(summary["history"])
-      quantized = results.quantized_eval(run.workdir, quantize) if quantize else None
-      summary["quantized_loss_increase"] = (quantized or {}).get("quantized_loss_increase")
-    out.append(Collected(run, summary, (failed or {}).get(run.name)))
-  return out
-
-
-def _groups(collected: Sequence[Collected]):
-  """{(variant, point): [Collected of each seed]} in plan order."""
-  groups = collections.OrderedDict()
-  for c in sorted(collected, key=lambda c: c.run.seed):
-    groups.setdefault((c.run.variant, c.run.point), []).append(c)
-  variants = list(dict.fromkeys(c.run.variant for c in collected))
-  return collections.OrderedDict(sorted(groups.items(), key=lambda kv: variants.index(kv[0][0])))
-
-
-def _losses_by_seed(group) -> dict[int, float]:
-  return {c.run.seed: c.loss for c in group if c.loss is not None}
 
 
 def _fmt(value, digits=4, sign=False) -> str:
@@ -79,84 +34,6 @@ def _table(headers, rows) -> list[str]:
   lines = ["| " + " | ".join(headers) + " |",
            "| " + " | ".join(["---"] + ["---:"] * (len(headers) - 1)) + " |"]
   return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-
-
-def _without(point, field):
-  return tuple((f, v) for f, v in point if f != field)
-
-
-def _value_of(point, field):
-  return dict(point)[field]
-
-
-def summary_rows(groups) -> list[dict]:
-  rows = []
-  for (variant, point), group in groups.items():
-    finished = [c for c in group if c.summary]
-    losses = [c.loss for c in finished]
-    mean, sd = stats.mean_std(losses)
-    speeds = [c.summary["tokens_per_s"] for c in finished if c.summary["tokens_per_s"]]
-    kurtosis = [c.summary.get("peak_kurtosis") for c in finished]
-    increase = [c.summary.get("quantized_loss_increase") for c in finished]
-    times = [c.summary["train_s"] for c in finished if c.summary["train_s"]]
-    rows.append({"variant": variant, "point": dict(point), "seeds": len(group),
-                 "finished": len(finished), "failed": sum(c.error is not None for c in group),
-                 "final_eval_loss_mean": mean, "final_eval_loss_sd": sd,
-                 "final_eval_losses": {c.run.seed: c.loss for c in finished},
-                 "params": finished[0].summary["params"] if finished else None,
-                 "tokens_per_s": sum(speeds) / len(speeds) if speeds else None,
-                 "train_s": sum(times) / len(times) if times else None,
-                 "peak_kurtosis": stats.mean_std(kurtosis)[0],
-                 "quantized_loss_increase": stats.mean_std(increase)[0]})
-  return rows
-
-
-def paired_rows(groups, reference: str) -> list[dict]:
-  """Each non-reference variant against the reference at the same grid point."""
-  rows = []
-  for (variant, point), group in groups.items():
-    if variant == reference or (reference, point) not in groups:
-      continue
-    paired = stats.paired_interval(_losses_by_seed(groups[(reference, point)]),
-                                   _losses_by_seed(group))
-    rows.append(_paired_row(variant, dict(point), dict(point), paired))
-  return rows
-
-
-def _paired_row(variant, point, reference_point, paired) -> dict:
-  return {"variant": variant, "point": point, "reference_point": reference_point,
-          "n": paired.n if paired else 0, "mean_difference": paired.mean if paired else None,
-          "low": paired.low if paired else None, "high": paired.high if paired else None,
-          "verdict": paired.verdict() if paired else "no shared seed"}
-
-
-def best_of_rows(groups, reference: str, field: str) -> list[dict]:
-  """Each variant at its own best `field` value (for each value of the other grid fields),
-  against the reference at its own best, paired by seed."""
-  by_rest = collections.OrderedDict()
-  for (variant, point), group in groups.items():
-    rest = _without(point, field)
-    by_rest.setdefault((variant, rest), {})[_value_of(point, field)] = group
-  best = {}
-  for key, by_value in by_rest.items():
-    value = stats.best_value({v: [c.loss for c in g] for v, g in by_value.items()})
-    best[key] = (value, by_value.get(value))
-  rows = []
-  for (variant, rest), (value, group) in best.items():
-    ref_value, ref_group = best.get((reference, rest), (None, None))
-    paired = None
-    if variant != reference and group and ref_group:
-      paired = stats.paired_interval(_losses_by_seed(ref_group), _losses_by_seed(group))
-    losses = [c.loss for c in group] if group else []
-    mean, sd = stats.mean_std(losses)
-    row = _paired_row(variant, dict(rest), dict(rest), paired)
-    values = sorted(by_rest[(variant, rest)])
-    row.update({"best": value, "reference_best": ref_value, "final_eval_loss_mean": mean,
-                "final_eval_loss_sd": sd, "is_reference": variant == reference,
-                "best_at_grid_edge": value is not None and len(values) > 2
-                                     and value in (values[0], values[-1])})
-    rows.append(row)
-  return rows
 
 
 def _interval_text(row) -> str:
@@ -183,7 +60,7 @@ def markdown(collected, groups, *, reference, best_of, command, plots, quantize=
            + (f", {len(missing)} not run yet" if missing else "") + ". Final eval loss: each "
            "run's last evaluation (the same validation batches for every run). Tokens/s: the "
            "median logged training throughput, the first interval (compilation) left out.", ""]
-  rows = summary_rows(groups)
+  rows = comparison.summary_rows(groups)
   # The outlier-feature columns (the OP paper's), where the runs measured them.
   extra = [(key, title) for key, title in (
       ("peak_kurtosis", "peak kurtosis"),
@@ -205,7 +82,7 @@ def markdown(collected, groups, *, reference, best_of, command, plots, quantize=
                    + [_fmt(r[key], 3) if key == "peak_kurtosis"
                       else "-" if r[key] is None else f"{r[key]:+.1e}" for key, _ in extra]
                    for r in rows]) + [""]
-  paired = paired_rows(groups, reference)
+  paired = comparison.paired_rows(groups, reference)
   if paired:
     lines += [f"## Against `{reference}`, paired by seed", "",
               f"Variant minus `{reference}` in final eval loss at the same grid point: the mean "
@@ -217,7 +94,7 @@ def markdown(collected, groups, *, reference, best_of, command, plots, quantize=
                       _fmt(r["mean_difference"], sign=True), _interval_text(r), r["verdict"]]
                      for r in paired]) + [""]
   if best_of:
-    best = best_of_rows(groups, reference, best_of)
+    best = comparison.best_of_rows(groups, reference, best_of)
     lines += [f"## Each variant at its own best `{best_of}`", "",
               f"The value of `{best_of}` with the lowest mean final eval loss over seeds (a "
               "value with a failed or diverged seed never wins), and the difference to "
@@ -318,12 +195,12 @@ def _json_safe(value):
 
 def write(runs: Sequence[plan.Run], output: str, *, command: str, reference: str | None = None,
           best_of: str | None = None, failed: dict[str, str] | None = None,
-          quantize: str | None = None) -> list[Collected]:
+          quantize: str | None = None) -> list[comparison.Collected]:
   """Writes `<output>/report.md`, `results.json` and the PNGs (local or gs://); returns the
   collected runs. `reference` defaults to the first variant."""
-  collected = collect(runs, failed, quantize)
+  collected = comparison.collect(runs, failed, quantize)
   reference = reference or runs[0].variant
-  groups = _groups(collected)
+  groups = comparison.groups(collected)
   folder = epath.Path(output)
   folder.mkdir(parents=True, exist_ok=True)
   image_lines = plot(groups, folder) if any(c.summary for c in collected) else []
@@ -339,7 +216,8 @@ def write(runs: Sequence[plan.Run], output: str, *, command: str, reference: str
                                                   "final_train_loss", "tokens_per_s", "train_s",
                                                   "peak_kurtosis", "quantized_loss_increase")}
                        if c.summary else {})} for c in collected],
-          "points": summary_rows(groups), "paired": paired_rows(groups, reference),
-          "best_of_rows": best_of_rows(groups, reference, best_of) if best_of else []}
+          "points": comparison.summary_rows(groups),
+          "paired": comparison.paired_rows(groups, reference),
+          "best_of_rows": comparison.best_of_rows(groups, reference, best_of) if best_of else []}
   (folder / "results.json").write_text(json.dumps(_json_safe(data), indent=2))
   return collected
