@@ -11,8 +11,9 @@ Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256
 Measured (2026-12-07, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
 3 seeds, each variant at its best of learning rates 1e-3/2e-3/4e-3): eval loss 2.317 ± 0.023
 at 4e-3 (the grid's edge) against Pre-LN's 2.341 ± 0.009: -0.024 [-0.073, +0.026], not
-separated; SAS-P without the gate 2.380 ± 0.010. At L=2, D=64, 150 steps (followups_small,
-rates up to 8e-3) it is 0.112 [0.078, 0.145] below Pre-LN: the verdict depends on the scale.
+separated; SAS-P without the gate 2.380 ± 0.010. With 150 steps it is below Pre-LN, by 0.112
+[0.078, 0.145] at L=2, D=64 (followups_small) and 0.113 [0.074, 0.152] at L=4, D=128
+(followups_half_steps): the verdict depends on the scale.
 Paper shape on an accelerator host:
     python -m simplified_flax.train --config=configs/sas_p_gated.py --workdir=/tmp/sas_p_gated
 
