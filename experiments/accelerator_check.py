@@ -175,18 +175,13 @@ def run_check(settings: dict, corpus_N: np.ndarray, parts_wanted: str, save) -> 
     named = throughput_configs(settings["bench"])
     if "b" not in parts_wanted:
       named = {v: named[v] for v in BREAKDOWN_VARIANTS}
-    batches = settings["bench_batches"]
-    later = {n: c for n, c in named.items() if n not in BENCH_VARIANTS}
-    if len(batches) == 1 and later:
-      # One batch size (--tiny), so no batch search ties the configs together: the paired
-      # alternatives compile after the variants, and where an alternative's step is a
-      # variant's program here (on a CPU "auto" is explicit and relu_matmul, a GPU rule, is
-      # off) a persistent compilation cache hands it over instead of compiling it again.
-      runners = accelerator_parts.make_runners(
-          {n: c for n, c in named.items() if n not in later}, batches)
-      runners.update(accelerator_parts.make_runners(later, batches))
-    else:
-      runners = accelerator_parts.make_runners(named, batches)
+    # The paired alternatives compile after the variants: where an alternative's step is a
+    # variant's program (on a CPU "auto" is explicit, and relu_matmul, a GPU rule, is off) a
+    # persistent compilation cache hands it over instead of compiling it again.
+    alternatives = {n: c for n, c in named.items() if n not in BENCH_VARIANTS}
+    runners = accelerator_parts.make_runners(
+        [{n: c for n, c in named.items() if n not in alternatives}, alternatives],
+        settings["bench_batches"])
     if "b" in parts_wanted:
       done("throughput", benchmark.measure(list(runners.values()), settings["rounds"],
                                            settings["steps"], settings["matmul_size"]))
