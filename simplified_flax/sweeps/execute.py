@@ -133,18 +133,22 @@ def _queue(runs: Sequence[plan.Run], quantize: str | None, outcome: Outcome) -> 
   return todo
 
 
+@dataclasses.dataclass(eq=False)   # compared by identity, like any worker pool
 class _Workers:
   """`len(slots)` threads taking runs from `todo`, each run a child process; one lock guards
   the outcome, the queue and the running processes."""
-
-  def __init__(self, todo: collections.deque, outcome: Outcome, total: int,
-               slots: list[dict[str, str]], log_dir: str, python: str,
-               say: Callable[[str], None], quantize: str | None):
-    self.todo, self.outcome, self.total, self.slots = todo, outcome, total, slots
-    self.log_dir, self.python, self.say, self.quantize = log_dir, python, say, quantize
-    self.lock, self.stopping = threading.Lock(), threading.Event()
-    self.running: dict[str, subprocess.Popen] = {}
-    self.started = time.monotonic()
+  todo: collections.deque            # runs left (`_queue`), in sweep order
+  outcome: Outcome                   # so far: the runs finished before are in it already
+  total: int                         # runs in the sweep, for the progress line
+  slots: list[dict[str, str]]        # per thread, the environment that gives its devices
+  log_dir: str                       # each run's output goes to <log_dir>/<name>.log
+  python: str                        # the interpreter that runs train and evaluate
+  say: Callable[[str], None]         # progress lines
+  quantize: str | None               # the scheme of the extra evaluation, if any
+  lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+  stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
+  running: dict[str, subprocess.Popen] = dataclasses.field(default_factory=dict)
+  started: float = dataclasses.field(default_factory=time.monotonic)
 
   def progress(self, run: plan.Run, seconds: float, what: str) -> None:
     """One line: runs done / total, what happened to `run`, the ETA. Under the lock."""
@@ -258,5 +262,6 @@ def run_all(runs: Sequence[plan.Run], *, jobs: int = 1, log_dir: str,
            if len(todo) > len(to_train) else "."))
   if todo:
     os.makedirs(log_dir, exist_ok=True)
-    _Workers(todo, outcome, len(runs), slots, log_dir, python, say, quantize).run()
+    _Workers(todo=todo, outcome=outcome, total=len(runs), slots=slots, log_dir=log_dir,
+             python=python, say=say, quantize=quantize).run()
   return outcome
