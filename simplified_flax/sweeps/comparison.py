@@ -91,12 +91,13 @@ def paired_rows(groups, reference: str) -> list[dict]:
       continue
     paired = stats.paired_interval(losses_by_seed(groups[(reference, point)]),
                                    losses_by_seed(group))
-    rows.append(_paired_row(variant, dict(point), dict(point), paired))
+    rows.append(_paired_row(variant, dict(point), paired))
   return rows
 
 
-def _paired_row(variant, point, reference_point, paired) -> dict:
-  return {"variant": variant, "point": point, "reference_point": reference_point,
+def _paired_row(variant, point, paired) -> dict:
+  """A variant against the reference at the same point (of the grid, or of its other fields)."""
+  return {"variant": variant, "point": point, "reference_point": point,
           "n": paired.n if paired else 0, "mean_difference": paired.mean if paired else None,
           "low": paired.low if paired else None, "high": paired.high if paired else None,
           "verdict": paired.verdict() if paired else "no shared seed"}
@@ -121,7 +122,7 @@ def best_of_rows(groups, reference: str, field: str) -> list[dict]:
       paired = stats.paired_interval(losses_by_seed(ref_group), losses_by_seed(group))
     losses = [c.loss for c in group] if group else []
     mean, sd = stats.mean_std(losses)
-    row = _paired_row(variant, dict(rest), dict(rest), paired)
+    row = _paired_row(variant, dict(rest), paired)
     values = sorted(by_rest[(variant, rest)])
     row.update({"best": value, "reference_best": ref_value, "final_eval_loss_mean": mean,
                 "final_eval_loss_sd": sd, "is_reference": variant == reference,
@@ -129,3 +130,10 @@ def best_of_rows(groups, reference: str, field: str) -> list[dict]:
                                      and value in (values[0], values[-1])})
     rows.append(row)
   return rows
+
+
+def tables(groups, reference: str, best_of: str | None) -> dict[str, list[dict]]:
+  """The report's three tables, as results.json stores them: per grid point, paired against
+  `reference`, and (with `best_of`, else empty) each variant at its own best."""
+  return {"points": summary_rows(groups), "paired": paired_rows(groups, reference),
+          "best_of_rows": best_of_rows(groups, reference, best_of) if best_of else []}

@@ -46,7 +46,9 @@ def _point_text(point: dict) -> str:
   return ", ".join(f"{f}={plan.format_value(v)}" for f, v in point.items()) or "-"
 
 
-def markdown(collected, groups, *, reference, best_of, command, plots, quantize=None) -> str:
+def markdown(collected, groups, tables, *, reference, best_of, command, plots,
+             quantize=None) -> str:
+  """report.md's text; `tables` is comparison.tables(groups, reference, best_of)."""
   total = len(collected)
   finished = [c for c in collected if c.summary]
   failed = [c for c in collected if c.error]
@@ -60,7 +62,7 @@ def markdown(collected, groups, *, reference, best_of, command, plots, quantize=
            + (f", {len(missing)} not run yet" if missing else "") + ". Final eval loss: each "
            "run's last evaluation (the same validation batches for every run). Tokens/s: the "
            "median logged training throughput, the first interval (compilation) left out.", ""]
-  rows = comparison.summary_rows(groups)
+  rows = tables["points"]
   # The outlier-feature columns (the OP paper's), where the runs measured them.
   extra = [(key, title) for key, title in (
       ("peak_kurtosis", "peak kurtosis"),
@@ -82,7 +84,7 @@ def markdown(collected, groups, *, reference, best_of, command, plots, quantize=
                    + [_fmt(r[key], 3) if key == "peak_kurtosis"
                       else "-" if r[key] is None else f"{r[key]:+.1e}" for key, _ in extra]
                    for r in rows]) + [""]
-  paired = comparison.paired_rows(groups, reference)
+  paired = tables["paired"]
   if paired:
     lines += [f"## Against `{reference}`, paired by seed", "",
               f"Variant minus `{reference}` in final eval loss at the same grid point: the mean "
@@ -94,7 +96,7 @@ def markdown(collected, groups, *, reference, best_of, command, plots, quantize=
                       _fmt(r["mean_difference"], sign=True), _interval_text(r), r["verdict"]]
                      for r in paired]) + [""]
   if best_of:
-    best = comparison.best_of_rows(groups, reference, best_of)
+    best = tables["best_of_rows"]
     lines += [f"## Each variant at its own best `{best_of}`", "",
               f"The value of `{best_of}` with the lowest mean final eval loss over seeds (a "
               "value with a failed or diverged seed never wins), and the difference to "
@@ -204,7 +206,8 @@ def write(runs: Sequence[plan.Run], output: str, *, command: str, reference: str
   folder = epath.Path(output)
   folder.mkdir(parents=True, exist_ok=True)
   image_lines = plot(groups, folder) if any(c.summary for c in collected) else []
-  (folder / "report.md").write_text(markdown(collected, groups, reference=reference,
+  tables = comparison.tables(groups, reference, best_of)
+  (folder / "report.md").write_text(markdown(collected, groups, tables, reference=reference,
                                              best_of=best_of, command=command,
                                              plots=image_lines, quantize=quantize))
   data = {"command": command, "reference": reference, "best_of": best_of,
@@ -215,9 +218,6 @@ def write(runs: Sequence[plan.Run], output: str, *, command: str, reference: str
                     **({k: c.summary[k] for k in ("steps", "params", "final_eval_loss",
                                                   "final_train_loss", "tokens_per_s", "train_s",
                                                   "peak_kurtosis", "quantized_loss_increase")}
-                       if c.summary else {})} for c in collected],
-          "points": comparison.summary_rows(groups),
-          "paired": comparison.paired_rows(groups, reference),
-          "best_of_rows": comparison.best_of_rows(groups, reference, best_of) if best_of else []}
+                       if c.summary else {})} for c in collected], **tables}
   (folder / "results.json").write_text(json.dumps(_json_safe(data), indent=2))
   return collected
