@@ -202,6 +202,7 @@ def _user_error_types():
   from simplified_flax.data.errors import DataError
   from simplified_flax.retries import StoreUnavailableError
   from simplified_flax.runs import checkpoints
+  from simplified_flax.runs import compatibility
   from simplified_flax.runs import nonfinite
   from simplified_flax.runs import workdir_lock
   from simplified_flax.runs.config_checks import ConfigError
@@ -209,7 +210,7 @@ def _user_error_types():
   usage = (ConfigError, UnknownOverrideError, app.UsageError, targets.TargetError,
            targets.MissingBackendError, SweepError)
   other = (DataError, targets.DoesNotFitError, ConversionError,
-           checkpoints.IncompatibleCheckpointError, checkpoints.CheckpointError,
+           compatibility.IncompatibleCheckpointError, checkpoints.CheckpointError,
            checkpoints.WorkdirError, workdir_lock.WorkdirLockedError,
            nonfinite.NonFiniteLossError, distributed_failure.PeerLostError,
            StoreUnavailableError)

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import TINY_MODEL, load_config
 from simplified_flax.runs import checkpoints
+from simplified_flax.runs import compatibility
 from simplified_flax.runs import metrics_io
 
 
@@ -56,24 +57,24 @@ def _config_dict(**model):
 def test_config_differences_are_dotted():
   saved, new = _config_dict(), _config_dict(n_layer=3)
   new["optimizer"]["learning_rate"] = 5e-4
-  assert checkpoints.config_differences(saved, new) == {
+  assert compatibility.config_differences(saved, new) == {
       "model.n_layer": (2, 3), "optimizer.learning_rate": (1e-3, 5e-4)}
 
 
 def test_only_fields_that_change_parameter_shapes_are_named():
   new = _config_dict(n_embd=48, dropout_rate=0.1, vocab_size=70)
   new["optimizer"]["learning_rate"] = 5e-4
-  with pytest.raises(checkpoints.IncompatibleCheckpointError,
+  with pytest.raises(compatibility.IncompatibleCheckpointError,
                      match=r"through model.n_embd \(saved 32, now 48\), model.vocab_size "
                            r"\(saved \d+, now 70\) \(e.g."):
-    checkpoints.check_compatible(_config_dict(), new, "ckpt")
+    compatibility.check_compatible(_config_dict(), new, "ckpt")
 
 
 def test_check_compatible_raises_naming_fields_and_values():
-  with pytest.raises(checkpoints.IncompatibleCheckpointError,
+  with pytest.raises(compatibility.IncompatibleCheckpointError,
                      match=r"model.n_layer \(saved 2, now 3\)"):
-    checkpoints.check_compatible(_config_dict(), _config_dict(n_layer=3), "ckpt")
-  checkpoints.check_compatible(_config_dict(), _config_dict(dropout_rate=0.1),
+    compatibility.check_compatible(_config_dict(), _config_dict(n_layer=3), "ckpt")
+  compatibility.check_compatible(_config_dict(), _config_dict(dropout_rate=0.1),
                                "ckpt")                     # shapes agree: only a warning
 
 

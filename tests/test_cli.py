@@ -13,6 +13,7 @@ from simplified_flax import cli
 from simplified_flax.data.errors import DataError
 from simplified_flax.runs.config_checks import ConfigError
 from simplified_flax.runs import checkpoints
+from simplified_flax.runs import compatibility
 from simplified_flax.runs.nonfinite import NonFiniteLossError
 from simplified_flax.runs.workdir_lock import WorkdirLockedError
 from test_loop import REPO, subprocess_env
@@ -34,7 +35,7 @@ def _train(workdir, *args):
 def test_user_errors_map_to_statuses_and_bugs_to_none():
   assert cli.exit_status(ConfigError("model.n_layer=-1 ...")) == cli.USAGE_ERROR
   for error in (DataError("data.paths: ..."), WorkdirLockedError("in use"),
-                checkpoints.IncompatibleCheckpointError("shapes"),
+                compatibility.IncompatibleCheckpointError("shapes"),
                 checkpoints.WorkdirError("no dir"), NonFiniteLossError("nan")):
     assert cli.exit_status(error) == cli.OTHER_ERROR, error
   assert cli.exit_status(ZeroDivisionError("a bug")) is None

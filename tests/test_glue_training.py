@@ -14,6 +14,7 @@ from conftest import tiny_config
 from simplified_flax import train
 from simplified_flax.glue import training
 from simplified_flax.runs import checkpoints
+from simplified_flax.runs import compatibility
 from simplified_flax.glue import classifier
 from simplified_flax.glue import tasks
 from simplified_flax.data import ByteTokenizer, CheckpointableIterator, mlm
@@ -191,7 +192,7 @@ def test_a_config_with_other_shapes_is_refused_naming_the_field(pretrained):
   workdir, _ = pretrained
   config = encoder_config()
   config.model.n_layer = 3
-  with pytest.raises(checkpoints.IncompatibleCheckpointError, match="model.n_layer"):
+  with pytest.raises(compatibility.IncompatibleCheckpointError, match="model.n_layer"):
     restore_read_only(workdir, config)
 
 

@@ -14,7 +14,7 @@ from simplified_flax.model import decode
 from simplified_flax.model import layer_stack
 from simplified_flax.model import scan_layout
 from simplified_flax.model import transformer
-from simplified_flax.runs import checkpoints
+from simplified_flax.runs import compatibility
 from simplified_flax.training import diagnostics
 
 L = 4
@@ -107,5 +107,5 @@ def test_scanned_decoding_equals_its_full_forward_pass():
 def test_resuming_with_the_switch_flipped_is_refused_naming_it():
   saved = tiny_config("sas_p", n_layer=L).to_dict()
   new = tiny_config("sas_p", n_layer=L, scan_layers=True).to_dict()
-  with pytest.raises(checkpoints.IncompatibleCheckpointError, match="model.scan_layers"):
-    checkpoints.check_compatible(saved, new, "ckpt")
+  with pytest.raises(compatibility.IncompatibleCheckpointError, match="model.scan_layers"):
+    compatibility.check_compatible(saved, new, "ckpt")

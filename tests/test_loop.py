@@ -18,6 +18,7 @@ import pytest
 import configs
 from simplified_flax import evaluate
 from simplified_flax.runs import checkpoints
+from simplified_flax.runs import compatibility
 from simplified_flax.runs import metrics_io
 from simplified_flax.train import NonFiniteLossError, train_and_evaluate
 
@@ -217,7 +218,7 @@ def test_muon_run_resumes_exactly(tmp_path, data):
 
 def test_incompatible_config_refuses_to_resume_naming_the_field(trained, tmp_path):
   workdir = _copy(trained, tmp_path)
-  with pytest.raises(checkpoints.IncompatibleCheckpointError) as err:
+  with pytest.raises(compatibility.IncompatibleCheckpointError) as err:
     _train(workdir, data_of(trained), **TRAINED_RUN, **{
         "model.n_embd": 48, "model.dropout_rate": 0.1, "optimizer.learning_rate": 5e-4})
   message = str(err.value)

@@ -17,7 +17,7 @@ from tensorboardX import summary
 from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 
-from simplified_flax.runs.checkpoints import flatten_config
+from simplified_flax.runs.compatibility import flatten_config
 from simplified_flax import retries
 from simplified_flax import storage
 from simplified_flax.storage import is_remote, write_atomically

@@ -16,6 +16,7 @@ import orbax.checkpoint as ocp
 
 from simplified_flax.runs.config_checks import ConfigError
 from simplified_flax.runs import checkpoints
+from simplified_flax.runs import compatibility
 from simplified_flax.runs import metrics_io
 from simplified_flax.training import optimizer
 
@@ -96,7 +97,7 @@ def learning_rate(config_dict: dict, count: int) -> float:
 def schedule_change(saved: dict | None, new: dict, step: int) -> str | None:
   """One line when `new` schedules the learning rate differently from `saved` (the config of
   checkpoint `step`), naming the fields and the next update's learning rate under both."""
-  diffs = checkpoints.config_differences(saved or {}, new)
+  diffs = compatibility.config_differences(saved or {}, new)
   fields = [k for k in SCHEDULE_FIELDS if k in diffs]
   if not saved or not fields:
     return None

@@ -29,8 +29,8 @@ def is_finished(workdir: str, num_train_steps: int | None = None) -> bool:
 
 
 def count_params(config_dict: dict) -> int:
-  from simplified_flax.runs import checkpoints  # pylint: disable=import-outside-toplevel
-  return int(sum(np.prod(s) for s in checkpoints.parameter_shapes(dict(config_dict)).values()))
+  from simplified_flax.runs import compatibility  # pylint: disable=import-outside-toplevel
+  return int(sum(np.prod(s) for s in compatibility.parameter_shapes(dict(config_dict)).values()))
 
 
 def summarise(workdir: str) -> dict[str, Any]:
