@@ -30,20 +30,15 @@ A stream has no content fingerprint, so its identity hashes what fixes its docum
 data files' paths and modification times, the split and N), not the `streaming` flag.
 """
 import dataclasses
-import glob
 import hashlib
 import os
 import re
 from typing import Any, Iterator
 
-from absl import logging
-
-from simplified_flax.data import hf_hub
+from simplified_flax.data import hf_sources
 from simplified_flax.data.errors import DataError
 
 PREFIX = "hf:"
-_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json",
-             ".csv": "csv"}
 _READ_BATCH = 256  # documents per Arrow -> Python hop
 
 
@@ -138,14 +133,14 @@ def open_hf_corpora(data_config) -> tuple[HfCorpus, HfCorpus]:
   train_source = d.name[len(PREFIX):].strip()
   eval_source = (d.get("eval_name") or "").strip()
   eval_source = eval_source[len(PREFIX):] if is_hf(eval_source) else eval_source
-  if eval_source and d.train_split == d.eval_split and _same_source(train_source, eval_source):
+  if eval_source and d.train_split == d.eval_split and hf_sources.same_source(train_source, eval_source):
     raise DataError(f"data.eval_name names the source of data.name ('hf:{train_source}') and "
                     f"data.train_split == data.eval_split == '{d.train_split}': evaluation would "
                     "read the training documents. Set data.eval_name to another source or "
                     "data.eval_split to another split.")
   seed = d.get("shuffle_seed")
   streaming = bool(d.get("streaming"))
-  streamed = [s for s in (train_source, eval_source) if s and not _is_saved(s)]
+  streamed = [s for s in (train_source, eval_source) if s and not hf_sources.is_saved(s)]
   if streaming and seed is not None and streamed:   # the one refused combination (docstring)
     raise DataError(f"data.streaming=True with data.shuffle_seed={seed}: the reference selection "
                     "shuffles the whole dataset, which needs it downloaded (data.streaming=False); "
@@ -176,7 +171,7 @@ class _Part:
 def _open_part(datasets, d, source: str, split: str, field: str, max_field: str, seed,
                streaming: bool) -> _Part:
   max_docs = d.get(max_field.split(".")[1]) or 0
-  ds, builder = _load(datasets, source, split, field, streaming)
+  ds, builder = hf_sources.load(datasets, source, split, field, streaming)
   if builder is None:
     ds = _subset(ds, seed, max_docs, max_field)
     fingerprint, take = getattr(ds, "_fingerprint", ""), None
@@ -198,91 +193,6 @@ def _corpus(source: str, second_source: str, text_key: str, parts: list[_Part], 
   slug = re.sub(r"[^\w.-]+", "_", os.path.basename(source.rstrip("/")) or "data")
   return HfCorpus({p.split: p.dataset for p in parts}, text_key, f"hf/{slug}-{digest}",
                   {p.split: p.take for p in parts if p.take is not None})
-
-
-def _same_source(a: str, b: str) -> bool:
-  """Whether sources `a` and `b` are one (local paths compared where they lead)."""
-  if a == b:
-    return True
-  return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
-
-
-def _data_files(source: str) -> tuple[str, list[str]] | None:
-  """(builder name, files) when `source` names data files or globs, else None."""
-  patterns = [p.strip() for p in source.split(",") if p.strip()]
-  if not patterns or not all(glob.has_magic(p) or os.path.isfile(p) for p in patterns):
-    return None
-  files = sorted({f for p in patterns for f in (glob.glob(os.path.expanduser(p))
-                                                 if glob.has_magic(p) else [p])})
-  if not files:
-    raise DataError(f"data.name: no file matches '{source}'. Give existing files or globs.")
-  kinds = {_BUILDERS.get(os.path.splitext(f)[1].lower()) for f in files}
-  if None in kinds or len(kinds) != 1:
-    raise DataError(f"data.name: '{source}' must be files of one kind: "
-                    f"{', '.join(sorted(_BUILDERS))}.")
-  return kinds.pop(), [os.path.abspath(f) for f in files]
-
-
-def _is_saved(source: str) -> bool:
-  """Whether `source` is a `save_to_disk` folder."""
-  return os.path.isdir(source) and any(
-      os.path.exists(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json"))
-
-
-def _load(datasets, source: str, split: str, field: str, streaming: bool = False):
-  """(`split` of `source` as a datasets.Dataset, None), or streamed: (an IterableDataset, its
-  builder), as `load_dataset(..., streaming=True)` makes them (module docstring)."""
-  files = _data_files(source)
-  is_saved = _is_saved(source)
-  path_like = source.startswith((".", "/", "~")) or glob.has_magic(source) or (
-      os.path.splitext(source)[1].lower() in _BUILDERS)
-  if files is None and not os.path.isdir(source) and path_like:
-    raise DataError(f"{field}: 'hf:{source}' names no existing file, folder or "
-                    "matching glob. Check the path.")
-  try:
-    if is_saved:
-      if streaming:
-        logging.info("%s: 'hf:%s' is a local save_to_disk folder, read as it is (memory-mapped); "
-                     "data.streaming does not apply to it.", field, source)
-      saved = datasets.load_from_disk(source)
-      if not isinstance(saved, datasets.DatasetDict):
-        return saved, None  # one Dataset: the documents of any split asked for
-      if split not in saved:
-        raise _unknown_split(field, source, split, sorted(saved))
-      return saved[split], None
-    if files is not None:   # the files are this split, whatever its name
-      path, kwargs = files[0], {"data_files": {split: files[1]}}
-    else:
-      if not os.path.isdir(source):   # a folder of data files needs no hub
-        hf_hub.offline_unless_reachable()
-      path, kwargs = source, {}
-    if streaming:           # load_dataset(..., streaming=True), keeping its builder
-      builder = datasets.load_dataset_builder(path, **kwargs)
-      return builder.as_streaming_dataset(split=split), builder
-    return datasets.load_dataset(path, split=split, **kwargs), None
-  except DataError:
-    raise
-  except ValueError as e:
-    if "split" in str(e).lower():
-      raise _unknown_split(field, source, split, None, e) from None
-    raise _unloadable(field, source, e) from None
-  except Exception as e:  # noqa: BLE001  the hub and Arrow fail many ways (network, cache, files)
-    raise _unloadable(field, source, e) from None
-
-
-def _unknown_split(field, source, split, known, error=None) -> DataError:
-  it_has = f"it has {known}" if known is not None else " ".join(str(error).split())
-  return DataError(f"{field}: 'hf:{source}' has no split '{split}' ({it_has}). Set "
-                   "data.train_split / data.eval_split.")
-
-
-def _unloadable(field, source, error) -> DataError:
-  reason = " ".join(f"{type(error).__name__}: {error}".split())[:300]
-  return DataError(
-      f"{field}: the Hugging Face dataset 'hf:{source}' cannot be loaded ({reason}). Where "
-      f"there is network, fetch it once (python -c \"import datasets; datasets.load_dataset("
-      f"'{source}').save_to_disk('DIR')\") and set {field}=hf:DIR, or fill the hub cache "
-      "(HF_HOME) there and copy it here.")
 
 
 def _subset(ds, seed, max_docs: int, field: str):
