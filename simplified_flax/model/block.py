@@ -42,10 +42,12 @@ def attention_gains(module: nn.Module, m):
 
 def output_gate(x_BTD, out_BTHd, dtype) -> jax.Array:
   """Gated attention (Qiu et al. 2025, arXiv 2505.06708, their elementwise head-specific gate
-  G1): the attention output [B, T, H, d] times `sigmoid(x W_g)`, x the sub-block's input [B, T,
-  D], W_g [D, D] (`gate`) N(0, 0.02) with no bias. Each token's gate reads that token alone,
-  so a cached step gates exactly as the full pass (docs/model.md, "Gated attention")."""
-  gate_BTD = layers.dense(x_BTD.shape[-1], dtype, "gate")(x_BTD)
+  G1): the attention output [B, T, H, d] times `sigmoid(x W_g + b_g)`, x the sub-block's input
+  [B, T, D], W_g [D, D] (`gate`) N(0, 0.02) and b_g [D] zeros: the gate is part of their q
+  projection and shares its bias flag (qiuzh20/gated_attention, modeling_qwen3.py), and q has
+  a bias here (`c_attn`). Each token's gate reads that token alone, so a cached step gates
+  exactly as the full pass (docs/model.md, "Gated attention")."""
+  gate_BTD = layers.dense(x_BTD.shape[-1], dtype, "gate", use_bias=True)(x_BTD)
   gate_BTHd = jax.nn.sigmoid(gate_BTD.astype(jnp.float32)).reshape(out_BTHd.shape)
   return out_BTHd * gate_BTHd.astype(out_BTHd.dtype)
 

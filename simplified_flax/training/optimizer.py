@@ -6,8 +6,8 @@
          learning rate serves both; embeddings, norms and gains keep AdamW's direction.
 Two model settings change the optimiser (docs/training.md, "Optimisers"):
   model.depth_mup_alpha  CompleteP (Dey et al. 2025, Table 1): inside the residual blocks the
-         learning rate times m_L^(alpha - 1) and AdamW's eps times m_L^-alpha
-         (`depth_mup_scales`), everything else as configured;
+         learning rate times m_L^(alpha - 1), and AdamW's eps times m_L^-alpha in every
+         parameter group, as their code scales it (`depth_mup_scales`);
   model.ngpt  nGPT: after every update each weight matrix and table is renormalised along the
          embedding dimension (`renormalized`, model/ngpt.py), as part of the step.
 Master weights, gradients and optimiser state are float32; `accumulate_gradients` sums
@@ -130,13 +130,14 @@ def muon(o, learning_rate: optax.Schedule) -> optax.GradientTransformation:
 
 
 def depth_mup_scales(model_config) -> tuple[float, float]:
-  """(learning-rate factor, eps factor) of the parameters inside the residual blocks under
-  CompleteP's rules (Dey et al. 2025, Table 1, depth terms; this code scales no width):
-  m_L^(alpha - 1) for the blocks' weights, biases and norm gains (1 at alpha = 1) and
-  m_L^-alpha for AdamW's eps, m_L = n_layer / depth_mup_base_layers. (1, 1) without
-  `model.depth_mup_alpha`. Embeddings, the final norm and the head keep the base values; so
-  do the initial values (the depth terms of Table 1 leave every init variance alone) and the
-  weight decay (Table 1 scales it with width only)."""
+  """(learning-rate factor, eps factor) under CompleteP's rules (Dey et al. 2025, Table 1,
+  depth terms; this code scales no width), m_L = n_layer / depth_mup_base_layers: m_L^(alpha
+  - 1) for the learning rate of the blocks' weights, biases and norm gains (1 at alpha = 1),
+  and m_L^-alpha for AdamW's eps in every group, as the authors' `configure_optimizers` scales
+  its one `adam_eps` (EleutherAI/nanoGPT-mup, branch completep, model.py). (1, 1) without
+  `model.depth_mup_alpha`. Embeddings, the final norm and the head keep the base learning
+  rate; the initial values (the depth terms of Table 1 leave every init variance alone) and
+  the weight decay (Table 1 scales it with width only) are unchanged."""
   alpha = model_config.get("depth_mup_alpha")
   if alpha is None:   # absent from configs saved before it
     return 1.0, 1.0
@@ -157,13 +158,14 @@ def _adamw(o, learning_rate, eps: float) -> optax.GradientTransformation:
 
 def depth_mup_adamw(o, schedule: optax.Schedule, lr_scale: float,
                     eps_scale: float) -> optax.GradientTransformation:
-  """AdamW with the residual blocks' learning rate times `lr_scale` and eps times `eps_scale`
-  (two parameter groups, as `depth_mup_scales` gives them); decoupled decay as AdamW's (times
-  each group's learning rate, as torch's AdamW groups do)."""
+  """AdamW with the residual blocks' learning rate times `lr_scale` and every group's eps times
+  `eps_scale` (two parameter groups, as `depth_mup_scales` gives them); decoupled decay as
+  AdamW's (times each group's learning rate, as torch's AdamW groups do)."""
   labels = lambda params: jax.tree_util.tree_map_with_path(
       lambda path, _: "blocks" if in_residual_block(leaf_names(path)) else "rest", params)
   blocks = _adamw(o, lambda count: schedule(count) * lr_scale, o.eps * eps_scale)
-  return optax.partition({"blocks": blocks, "rest": _adamw(o, schedule, o.eps)}, labels)
+  rest = _adamw(o, schedule, o.eps * eps_scale)
+  return optax.partition({"blocks": blocks, "rest": rest}, labels)
 
 
 def renormalized(tx: optax.GradientTransformation) -> optax.GradientTransformation:
