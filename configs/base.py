@@ -40,6 +40,13 @@ def model_config() -> ml_collections.ConfigDict:
   m.n_head = 12
   m.context_length = 128             # T of the training windows
   m.max_position_embeddings = 1024   # size of the learned position table (GPT-2)
+  m.position_embedding = "learned"   # "learned" (a table added to the embedding, GPT-2) or
+                                     # "rope" (q and k rotated by position: model/rope.py)
+  m.rope_theta = 10_000.0            # "rope": the frequencies' base
+  m.embedding_scale = "none"         # "learned": a learnable scalar from sqrt(n_embd) times the
+                                     # embedding (DyT's and Derf's language models)
+  m.embedding_scale_init = _placeholder(float)   # "learned": its initial value (None: sqrt(D))
+  m.tie_head = True                  # False: the head has a table of its own (`lm_head`)
   m.mlp_width_mult = 4
   m.activation = "leaky_relu"        # "leaky_relu" or "gelu"
   m.lrelu_neg_slope = 0.0            # 0 makes leaky ReLU a ReLU (the paper's default)
@@ -56,6 +63,11 @@ def model_config() -> ml_collections.ConfigDict:
   m.norm_position = "pre"            # "pre", "post" or "peri" (Peri-LN: also each branch's
                                      # output and the embedding normed)
   m.norm_eps = 1e-5
+  # DyT's and Derf's alpha_0, for the attention norms, the MLP norms and the final norm apart
+  # (the other norm types have no alpha; Zhu et al. 2025 Sec. 4: 0.5 for non-LLM models).
+  m.alpha_init_attn_norm = 0.5
+  m.alpha_init_mlp_norm = 0.5
+  m.alpha_init_final_norm = 0.5
   m.parallel_layers = False
   m.qk_norm_type = "none"            # "none" or "rmsnorm" (per-head, OP block)
   m.dot_norm_type = "none"           # "none" or "tanh" (30*tanh(logits/30) soft-cap)

@@ -44,4 +44,7 @@ def get_config(arg: str = ""):
   c = preln.get_config(arg)
   c.model.depth_mup_alpha = 1.0
   c.model.depth_mup_base_layers = 4
+  # The authors' base eps (EleutherAI/nanoGPT-mup, branch completep, train.py `adam_eps`),
+  # times m_L^-alpha in every group (training/optimizer.py).
+  c.optimizer.eps = 1e-12
   return c

@@ -41,6 +41,9 @@ def get_config(arg: str = ""):
   c = preln.get_config(arg)
   c.model.ngpt = True
   c.model.norm_type = "none"   # no norm layers (the flag builds nGPT's layer, which has none)
+  # The authors' model.py: rotary positions (no position table) and a head of its own.
+  c.model.position_embedding = "rope"
+  c.model.tie_head = False
   o = c.optimizer
   o.name, o.schedule, o.b1, o.b2 = "adamw", "cosine", 0.9, 0.95
   o.weight_decay, o.warmup_fraction, o.warmup_steps = 0.0, 0.0, 0

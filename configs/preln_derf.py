@@ -17,9 +17,10 @@ The speed package has not verified `norm_type="derf"`: the run builds the refere
 logs one line saying so (docs/fast.md).
 """
 from . import preln
+from . import preln_dyt
 
 
 def get_config(arg: str = ""):
   c = preln.get_config(arg)
-  c.model.norm_type = "derf"
+  preln_dyt.use_authors_lm_recipe(c.model, "derf")
   return c

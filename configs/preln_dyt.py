@@ -17,8 +17,26 @@ logs one line saying so (docs/fast.md).
 """
 from . import preln
 
+# alpha_0 of the attention norms, the MLP norms and the final norm: both authors' language-model
+# code defaults (DyT: jiachenzhu/DyT, other_tasks/LLaMA/fms_fsdp/models/llama.py, LLaMAConfig;
+# Derf: zlab-princeton/Derf, "language model/model_derf.patch", GPTConfig). Their LLaMA README
+# tunes them only at D >= 4096 (7B: 0.8 / 0.2 / 0.2; 13B: 0.6 / 0.15 / 0.15; 34B and 70B:
+# 0.2 / 0.05 / 0.05), smaller the wider the model; none of those widths is run here.
+AUTHORS_LM_ALPHA_INIT = {"attn": 1.0, "mlp": 1.0, "final": 1.0}
+
+
+def use_authors_lm_recipe(m, norm_type: str) -> None:
+  """`norm_type` ("dyt" or "derf") in place of every norm, as both authors train a language
+  model: a learnable scalar from sqrt(D) times the embedding (llama.py's `shared_scale`;
+  the Derf patch's `shared_scale`, which multiplies token plus position embedding as here)
+  and alpha_0 per norm (`AUTHORS_LM_ALPHA_INIT`)."""
+  m.norm_type = norm_type
+  m.embedding_scale = "learned"
+  for where, alpha in AUTHORS_LM_ALPHA_INIT.items():
+    m[f"alpha_init_{where}_norm"] = alpha
+
 
 def get_config(arg: str = ""):
   c = preln.get_config(arg)
-  c.model.norm_type = "dyt"
+  use_authors_lm_recipe(c.model, "dyt")
   return c

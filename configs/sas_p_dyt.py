@@ -15,10 +15,11 @@ Paper shape on an accelerator host:
 The speed package has not verified `norm_type="dyt"`: the run builds the reference model and
 logs one line saying so (docs/fast.md).
 """
+from . import preln_dyt
 from . import sas_p
 
 
 def get_config(arg: str = ""):
   c = sas_p.get_config(arg)
-  c.model.norm_type = "dyt"
+  preln_dyt.use_authors_lm_recipe(c.model, "dyt")
   return c

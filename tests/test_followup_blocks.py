@@ -130,7 +130,8 @@ def test_gated_attention_is_proj_of_sigmoid_x_wg_times_sdpa_in_both_forms():
   x_BTD = np.asarray(jax.random.normal(jax.random.key(3), (B, T, D)), np.float64)
   sub = {impl: block.AttentionSubBlock(m[impl], 0, causal=True) for impl in m}
   init = jax.jit(sub["fused"].init)(jax.random.key(0), x_BTD.astype(np.float32), {})["params"]
-  assert set(init["gate"]) == {"kernel"}   # no bias, as the paper's sigma(X W_theta)
+  # A bias, as the authors' gate has where q has one (it is part of their q projection).
+  assert set(init["gate"]) == {"kernel", "bias"} and not init["gate"]["bias"].any()
   assert init["gate"]["kernel"].shape == (D, D)
   assert 0.01 < float(jnp.std(init["gate"]["kernel"])) < 0.03   # N(0, 0.02)
   params = _perturbed(init, scale=0.3)
@@ -146,7 +147,7 @@ def test_gated_attention_is_proj_of_sigmoid_x_wg_times_sdpa_in_both_forms():
   logits_BHTT = np.where(np.tril(np.ones((T, T), bool)), logits_BHTT, -np.inf)
   probs_BHTT = special.softmax(logits_BHTT, axis=-1)
   sdpa_BTD = (probs_BHTT @ v_BHTd).transpose(0, 2, 1, 3).reshape(B, T, D)
-  gate_BTD = special.expit(x_BTD @ w["gate"]["kernel"])
+  gate_BTD = special.expit(x_BTD @ w["gate"]["kernel"] + w["gate"]["bias"])
   expected_BTD = (gate_BTD * sdpa_BTD) @ w["proj"]["linear"]["kernel"]
   for impl, out_BTD in outs.items():
     np.testing.assert_allclose(out_BTD, expected_BTD, rtol=1e-4, atol=1e-5, err_msg=impl)
@@ -170,7 +171,7 @@ def test_gated_shaped_attention_gates_the_sas_output_equally_in_both_forms():
             block.AttentionSubBlock(plain, 1, causal=True).apply({"params": ungated}, x_BTD, {}))
 
   outs, ungated_BTD = outputs(params)
-  gate_BTD = jax.nn.sigmoid(x_BTD @ params["gate"]["kernel"])
+  gate_BTD = jax.nn.sigmoid(x_BTD @ params["gate"]["kernel"] + params["gate"]["bias"])
   for impl, out_BTD in outs.items():
     np.testing.assert_allclose(out_BTD, gate_BTD * ungated_BTD, rtol=1e-5, atol=1e-5,
                                err_msg=impl)

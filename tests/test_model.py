@@ -32,10 +32,11 @@ def next_token_loss(model, variables, params, toks):
 
 
 def _embedding_interceptor(delta_BTD):
-  """Adds delta to the embedding sum (at the position embedding's output: x = wte + wpe)."""
+  """Adds delta to the embedding (at the token lookup's output, which every model has: x =
+  wte + wpe, or wte alone with rotary positions)."""
   def intercept(next_fun, args, kwargs, context):
     out = next_fun(*args, **kwargs)
-    if context.module.name == "wpe" and context.method_name == "__call__":
+    if context.module.name == "wte" and context.method_name == "__call__":
       return out + delta_BTD
     return out
   return intercept

@@ -71,11 +71,22 @@ def test_ngpt_hidden_states_stay_on_the_unit_sphere(ngpt_model):
   np.testing.assert_array_equal(hidden_BTD, blocks[-1])
 
 
+def _rotated(x_BTHd, theta):
+  """RoFormer's rotation of adjacent pairs by position * theta^(-2i/d), by hand."""
+  d = x_BTHd.shape[-1]
+  angle_Tf = np.arange(x_BTHd.shape[1])[:, None] * theta ** (-np.arange(0, d, 2) / d)
+  cos, sin = np.cos(angle_Tf)[:, None], np.sin(angle_Tf)[:, None]
+  even, odd = x_BTHd[..., 0::2], x_BTHd[..., 1::2]
+  return np.stack([even * cos - odd * sin, even * sin + odd * cos], -1).reshape(x_BTHd.shape)
+
+
 def test_ngpt_layer_is_the_normalised_update_of_its_branches(ngpt_model):
   """h1 = Norm(h + alpha_A (Norm(Attn(h)) - h)), h2 = Norm(h1 + alpha_M (Norm(MLP(h1)) - h1)),
-  alpha = stored * (0.05 / D^-1/2); the branches from the formulas of the paper too."""
+  alpha = stored * (0.05 / D^-1/2); the branches from the formulas of the paper too, with
+  rotary positions on q and k before their normalisation, as the authors' code has them."""
   config, variables, _ = ngpt_model
   m = ml_collections.FrozenConfigDict(config.model)
+  assert m.position_embedding == "rope" and not m.tie_head
   D, H, F = m.n_embd, m.n_head, m.mlp_width_mult * m.n_embd
   d = D // H
   p = variables["params"]["h_0"]
@@ -91,6 +102,7 @@ def test_ngpt_layer_is_the_normalised_update_of_its_branches(ngpt_model):
     s_qk = (a["attn/sqk_gain"] * (1.0 / D ** -0.5)).reshape(H, d)
     split = lambda x: x.reshape(2, T, H, d)
     q, k, v = split(q), split(k), split(v)
+    q, k = _rotated(q, m.rope_theta), _rotated(k, m.rope_theta)   # the authors' order: first
     q, k = s_qk * unit(q), s_qk * unit(k)
     logits = np.einsum("bqhd,bkhd->bhqk", q, k) * np.sqrt(d)   # sqrt(d_k), not 1/sqrt(d_k)
     logits = np.where(np.tril(np.ones((T, T), bool)), logits, -np.inf)
@@ -115,7 +127,8 @@ def test_ngpt_logits_are_s_z_times_h_e_transposed(ngpt_model):
   config, variables, outputs = ngpt_model
   params = variables["params"]
   s_z = np.asarray(params["sz_gain"]) * (ngpt.SZ_INIT / config.model.n_embd ** -0.5)
-  table_VD = np.asarray(params["wte"]["embedding"])
+  table_VD = np.asarray(params["lm_head"]["embedding"])   # a head of its own, as the authors'
+  assert "wpe" not in params   # rotary positions: no table
   h_BTD = np.asarray(outputs["hidden"])
   np.testing.assert_allclose(outputs["logits"], s_z * (h_BTD @ table_VD.T), atol=1e-5)
 
@@ -146,7 +159,7 @@ def test_ngpt_trains_with_every_matrix_renormalised_after_each_step():
                 state.params["h_0"]["attn"]["sqk_gain"]):
     np.testing.assert_allclose(scale, D ** -0.5, rtol=1e-6)
   np.testing.assert_array_equal(state.params["h_0"]["mlp"]["sv_gain"], 1.0)
-  # 2 layers x (query, key, value, proj, c_fc, c_proj) + wte + wpe
+  # 2 layers x (query, key, value, proj, c_fc, c_proj) + wte + lm_head (rotary: no wpe)
   assert _on_the_sphere(state.params) == 14
   before = state.params
   train = jax.jit(step.train_step)
@@ -219,8 +232,8 @@ def test_completep_block_scales_each_branch_by_its_multiplier():
 @pytest.mark.parametrize("n_layer,alpha,lr_scale,eps_scale", [
     (4, 1.0, 1.0, 1.0), (16, 1.0, 1.0, 0.25), (16, 0.5, 0.5, 0.5), (2, 1.0, 1.0, 2.0)])
 def test_completep_optimizer_follows_table_1(n_layer, alpha, lr_scale, eps_scale):
-  """Table 1 (depth terms): blocks' LR eta m_L^(alpha-1), AdamW eps eps m_L^-alpha;
-  embeddings and the final norm at the base values. Adam's first step is
+  """Table 1 (depth terms): blocks' LR eta m_L^(alpha-1), embeddings and the final norm at the
+  base one; AdamW's eps m_L^-alpha in every group (the authors' code). Adam's first step is
   lr * g / (|g| + eps): with |g| = eps_base both scales show in the update."""
   assert optimizer.depth_mup_scales(_depth_mup(n_layer, alpha)) == (lr_scale, eps_scale)
   config = tiny_config("completep", n_layer=n_layer)
@@ -236,7 +249,7 @@ def test_completep_optimizer_follows_table_1(n_layer, alpha, lr_scale, eps_scale
   updates = jax.jit(lambda g, p: tx.update(g, tx.init(p), p)[0])(grads, params)
   for path, u in jax.tree_util.tree_flatten_with_path(updates)[0]:
     in_block = optimizer.in_residual_block(optimizer.leaf_names(path))
-    lr_g, eps_g = (lr * lr_scale, eps * eps_scale) if in_block else (lr, eps)
+    lr_g, eps_g = (lr * lr_scale if in_block else lr), eps * eps_scale
     np.testing.assert_allclose(u, -lr_g * eps / (eps + eps_g), rtol=1e-5,
                                err_msg=jax.tree_util.keystr(path))
 

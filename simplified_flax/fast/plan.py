@@ -80,6 +80,10 @@ VERIFIED = {
     "last_layer_proj_resid_gain": _number_or_none,
     "dropout_rate": _one_of(0.0),
     # nGPT and CompleteP: the reference model only, for now (their default values only).
+    # Rotary positions, the embedding's scalar and an untied head: the reference model only,
+    # for now (their defaults only).
+    "position_embedding": _one_of("learned"), "embedding_scale": _one_of("none"),
+    "tie_head": _one_of(True),
     "ngpt": _one_of(False),
     "depth_mup_alpha": _one_of(None), "depth_mup_base_layers": _one_of(None),
 }
@@ -87,6 +91,8 @@ VERIFIED = {
 # values (the reference model initialises; a plan never does), the loss's head (training's),
 # and the switch itself.
 IGNORED = frozenset({
+    # Read only by what a plan never builds: rotary positions' base, DyT's / Derf's alpha_0.
+    "rope_theta", "embedding_scale_init", "alpha_init_attn_norm", "alpha_init_mlp_norm", "alpha_init_final_norm",
     "query_init_std", "key_init_std", "val_proj_init_std", "mlp_proj_init_std",
     "tie_valproj_init", "loss_vocab_chunk_size", "vocab_pad_multiple", "loss_keep_logits",
     "grad_rules",

@@ -10,6 +10,7 @@ from simplified_flax.model import attention
 from simplified_flax.model import kv_cache
 from simplified_flax.model import layers
 from simplified_flax.model import mlp as mlp_lib
+from simplified_flax.model import rope
 from simplified_flax.model import valproj
 
 
@@ -75,6 +76,9 @@ class AttentionSubBlock(nn.Module):
     if m.qk_norm_type == "rmsnorm":
       q_BTHd = layers.RMSNorm(m.norm_eps, self.dtype, name="q_norm")(q_BTHd)
       k_BTHd = layers.RMSNorm(m.norm_eps, self.dtype, name="k_norm")(k_BTHd)
+    # Rotary positions after the QK-norm, as Qwen3 and OLMo 2 order them (model/rope.py).
+    q_BTHd, k_BTHd = rope.rotate_qk(m, q_BTHd, k_BTHd, cache_index=cache_index,
+                                    segment_ids=segment_ids)
 
     resid_H, skip_H, centre_H = attention_gains(self, m)
     attn_args = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
@@ -101,12 +105,23 @@ def block_norms(m, layer: int, dtype):
   """(norm1, norm2, norm1_out, norm2_out) of `norm_type`, but with "none" layer 0's norm1 is
   a LayerNorm (it normalises the embedding); the output norms, on the branches' outputs, are
   the identity unless norm_position="peri" (Peri-LN: Kim et al. 2025, arXiv 2502.02732)."""
-  make = lambda norm_type, name: layers.make_norm(norm_type, m.norm_eps, dtype, name)
   norm1_type = "ln" if (m.norm_type == "none" and layer == 0) else m.norm_type
   peri = m.norm_position == "peri"
-  return (make(norm1_type, "norm1"), make(m.norm_type, "norm2"),
-          make(m.norm_type if peri else "none", "norm1_out"),
-          make(m.norm_type if peri else "none", "norm2_out"))
+  # DyT's and Derf's alpha_0: the attention norm's and the MLP norm's own (their LM code).
+  attn = lambda norm_type, name: layers.make_norm(norm_type, m.norm_eps, dtype, name,
+                                                  norm_alpha_init(m, "attn"))
+  mlp = lambda norm_type, name: layers.make_norm(norm_type, m.norm_eps, dtype, name,
+                                                 norm_alpha_init(m, "mlp"))
+  return (attn(norm1_type, "norm1"), mlp(m.norm_type, "norm2"),
+          attn(m.norm_type if peri else "none", "norm1_out"),
+          mlp(m.norm_type if peri else "none", "norm2_out"))
+
+
+def norm_alpha_init(m, where: str) -> float:
+  """DyT's / Derf's alpha_0 of the `where` ("attn", "mlp" or "final") norms:
+  `model.alpha_init_<where>_norm` (both authors' language-model code set the attention norm,
+  the MLP norm and the final norm apart), 0.5 in configs saved before the fields existed."""
+  return float(m.get(f"alpha_init_{where}_norm", layers.DYT_ALPHA_INIT))
 
 
 def depth_branch_multiplier(m) -> float:

@@ -15,7 +15,8 @@ NORM_POSITIONS = ("pre", "post", "peri")   # where a block's norms sit (model/bl
 INIT_TYPES = ("normal", "orth", "id")
 ACTIVATIONS = ("leaky_relu", "gelu")
 PLAIN_STD = 0.02   # N(0, 0.02): every plain weight (GPT-2), no depth rescaling
-DYT_ALPHA_INIT = 0.5   # DyT's alpha_0 (Zhu et al. 2025, Sec. 4: 0.5 for every non-LLM model)
+DYT_ALPHA_INIT = 0.5   # DyT's alpha_0 (Zhu et al. 2025, Sec. 4: 0.5 for every non-LLM model);
+                       # configs set it per norm (model.alpha_init_{attn,mlp,final}_norm)
 
 
 def gain(module: nn.Module, name: str, value: float, trainable: bool, shape=()) -> jax.Array:
@@ -66,23 +67,25 @@ class DyT(nn.Module):
 class Derf(DyT):
   """Dynamic erf (Chen, Lu, Zhu, Sun, Liu, "Stronger Normalization-Free Transformers", arXiv
   2512.10938): `gamma * erf(alpha * x + s) + beta`, DyT with erf and a learnable scalar shift
-  s from 0, named as a gain (`shift_gain`) as alpha is; alpha_0 = 0.5 as DyT's."""
+  s from 0, named as a gain (`shift_gain`) as alpha is; alpha_0 as DyT's."""
 
   def squash(self, z):
     shift = self.param("shift_gain", nn.initializers.zeros, (), jnp.float32)
     return jax.scipy.special.erf(z + shift)
 
 
-def make_norm(norm_type: str, eps: float, dtype, name: str) -> Callable:
-  """A norm module ("rmsnorm", "ln", "dyt", "derf"), or the identity for "none"."""
+def make_norm(norm_type: str, eps: float, dtype, name: str,
+              alpha_init: float = DYT_ALPHA_INIT) -> Callable:
+  """A norm module ("rmsnorm", "ln", "dyt", "derf"), or the identity for "none"; `alpha_init`:
+  DyT's and Derf's alpha_0 (the other norms have none)."""
   if norm_type == "rmsnorm":
     return RMSNorm(eps=eps, dtype=dtype, name=name)
   if norm_type == "ln":
     return nn.LayerNorm(epsilon=eps, dtype=dtype, name=name)
   if norm_type == "dyt":
-    return DyT(dtype=dtype, name=name)
+    return DyT(alpha_init=alpha_init, dtype=dtype, name=name)
   if norm_type == "derf":
-    return Derf(dtype=dtype, name=name)
+    return Derf(alpha_init=alpha_init, dtype=dtype, name=name)
   assert norm_type == "none", norm_type
   return lambda x: x
 

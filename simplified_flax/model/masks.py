@@ -11,6 +11,18 @@ def query_positions(num_queries: int, query_offset=0) -> jax.Array:
   return jnp.arange(num_queries) + jnp.asarray(query_offset)[..., None]
 
 
+def token_positions(batch: int, num_tokens: int, *, cache_index=None,
+                    segment_ids=None) -> jax.Array:
+  """Each token's position [B, T] (what learned positions and rotary embeddings read): after
+  the row's `cache_index` [B] when decoding, else inside its contiguous segment of packed
+  `segment_ids` [B, T], else 0 .. T-1."""
+  if cache_index is not None:
+    return query_positions(num_tokens, cache_index)
+  if segment_ids is None:
+    return jnp.broadcast_to(jnp.arange(num_tokens), (batch, num_tokens))
+  return jnp.arange(num_tokens) - segment_run_starts(segment_ids)
+
+
 def attention_mask(num_queries: int, num_keys: int, *, causal: bool, query_offset=0,
                    key_mask=None, segment_ids=None) -> jax.Array:
   """Boolean [B or 1, 1, Q, K]: True where query i may attend to key j."""

@@ -12,9 +12,13 @@ sqrt(d_k). MLP: SwiGLU `(s_u u * SiLU(s_v sqrt(D) v)) W_o` (Eqs. (20)-(21)). Hea
 ones and read as `stored * (s_init / s_scale)` (their Sec. 2.5), at the authors' values (the
 constants below). Weights are drawn N(0, 1) and normalised (`unit_norm_init`); the optimiser
 renormalises them after every step (`renormalize`, training/optimizer.py), so the forward
-pass never normalises a weight. Unlike the paper: learned absolute positions (`wpe`,
-unit-norm rows; the first state is `Norm(E[token] + P[position])`), not RoPE; the head is tied
-to `wte`; alpha is used as it is (the authors' code takes |alpha|).
+pass never normalises a weight. Positions: rotary (`model.position_embedding="rope"`, as the
+authors' code; q and k rotated before their normalisation, model/rope.py) or a learned table
+(`wpe`, unit-norm rows; the first state is then `Norm(E[token] + P[position])`). The head:
+a table of its own (`lm_head`, unit-norm rows; `model.tie_head=False`, as the authors' code)
+or tied to `wte`. alpha is used as it is (the authors' code takes |alpha|). Their rotation
+function computes (-x_odd cos, x_even sin) for each pair, which is not a rotation (q . k then
+depends on absolute positions); this code rotates as RoFormer does.
 """
 import math
 from typing import Any
@@ -26,6 +30,7 @@ import jax.numpy as jnp
 from simplified_flax.model import attention
 from simplified_flax.model import kv_cache
 from simplified_flax.model import layers
+from simplified_flax.model import rope
 
 ALPHA_INIT = 0.05   # alpha_A, alpha_M at scale 1/sqrt(D) (their code; the paper: ~1 / n_layer)
 SQK_INIT = 1.0      # s_qk at scale 1/sqrt(D)
@@ -36,7 +41,7 @@ SZ_INIT = 1.0       # s_z at scale 1/sqrt(D)
 # output axis of the maps back to it ([F, D]) and the rows of the tables ([V, D]). Negative,
 # so that a scanned stack's leading layer axis leaves them unchanged.
 EMBEDDING_AXIS = {"query": -2, "key": -2, "value": -2, "c_fc": -2,
-                  "proj": -1, "c_proj": -1, "wte": -1, "wpe": -1}
+                  "proj": -1, "c_proj": -1, "wte": -1, "wpe": -1, "lm_head": -1}
 _TINY = jnp.finfo(jnp.float32).tiny
 
 
@@ -112,6 +117,9 @@ class Attention(nn.Module):
     d = D // H
     q_BTHd, k_BTHd, v_BTHd = (_dense(D, self.dtype, name)(h_BTD).reshape(B, T, H, d)
                               for name in ("query", "key", "value"))
+    # Rotary positions before the normalisation, where the authors' code rotates them.
+    q_BTHd, k_BTHd = rope.rotate_qk(m, q_BTHd, k_BTHd, cache_index=cache_index,
+                                    segment_ids=segment_ids)
     sqk_Hd = scaled_param(self, "sqk_gain", SQK_INIT, D ** -0.5, (D,)).reshape(H, d)
     q_BTHd = (sqk_Hd * unit_norm(q_BTHd) * d).astype(self.dtype)
     k_BTHd = (sqk_Hd * unit_norm(k_BTHd)).astype(self.dtype)

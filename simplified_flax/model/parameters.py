@@ -6,7 +6,8 @@ import jax.numpy as jnp
 
 from simplified_flax.model import transformer
 
-EMBEDDINGS = ("wte", "wpe")   # left out of the non-embedding count
+EMBEDDINGS = ("wte", "wpe", "lm_head")   # token, position and untied head tables: left out of
+                                        # the non-embedding count
 
 
 def size(tree) -> int:
@@ -23,7 +24,7 @@ def variable_shapes(model_config):
 
 def counts(variables, breakdown: bool = False) -> Dict:
   """{"total": every array (fixed anchors included), "trainable": the `params` collection,
-  "non_embedding": trainable minus token and position embeddings} of a variables tree
+  "non_embedding": trainable minus the token, position and head tables} of a variables tree
   ({"params": ..., "constants": ...}); with `breakdown`, trainable per top-level module."""
   params = variables["params"]
   result = {"total": size(variables), "trainable": size(params),

@@ -1,4 +1,4 @@
-"""Decoder LM and encoder MLM: embeddings, L blocks, final norm, tied head (docs/model.md).
+"""Decoder LM and encoder MLM: embeddings, L blocks, final norm, head (docs/model.md).
 
     model = build_model(config.model, dtype="bfloat16")
     variables = model.init(jax.random.key(0), tokens_BT)      # {"params", "constants"}
@@ -22,13 +22,15 @@ from simplified_flax.model import layer_stack
 from simplified_flax.model import layers
 from simplified_flax.model import masks
 from simplified_flax.model import ngpt
+from simplified_flax.model import rope
 from simplified_flax.model import valproj
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 class Transformer(nn.Module):
-  """Token + position embeddings, `n_layer` blocks, final LayerNorm, head tied to `wte`: tokens
+  """Token + position embeddings (learned, or rotary inside attention), `n_layer` blocks, final
+  LayerNorm, head tied to `wte` (or `lm_head` of its own, `model.tie_head=False`): tokens
   [B, T] int -> logits [B, T, V] float32. `causal` picks the decoder or the encoder."""
   cfg: Any     # FrozenConfigDict: the model config
   causal: bool
@@ -73,19 +75,25 @@ class Transformer(nn.Module):
     hypersphere = m.get("ngpt", False)   # nGPT: unit-norm rows (model/ngpt.py)
     table_init = ngpt.unit_norm_init(-1) if hypersphere else layers.normal_init(layers.PLAIN_STD)
     wte = layers.Embed(m.vocab_size, m.n_embd, name="wte", embedding_init=table_init)
-    wpe = nn.Embed(m.max_position_embeddings, m.n_embd, name="wpe", embedding_init=table_init)
     cache_index_B = None
     if decode:
       if not self.causal or segment_ids is not None or key_mask is not None or train:
         raise ValueError("decode=True is for the causal decoder at inference: no segment_ids, "
                          "key_mask or train (rows of different lengths use `lengths`).")
       cache_index_B, lengths = kv_cache.advance_index(self, B, T, lengths)
-      positions_BT = masks.query_positions(T, cache_index_B)
-    elif segment_ids is None:
-      positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
-    else:   # the position inside each (contiguous) segment
-      positions_BT = jnp.arange(T) - masks.segment_run_starts(segment_ids)
-    x_BTD = (wte(tokens_BT, lookup) + wpe(positions_BT)).astype(self.dtype)
+    x_BTD = wte(tokens_BT, lookup)
+    if not rope.uses_rope(m):   # learned absolute positions (GPT-2); rotary ones are q's and k's
+      wpe = nn.Embed(m.max_position_embeddings, m.n_embd, name="wpe", embedding_init=table_init)
+      x_BTD = x_BTD + wpe(masks.token_positions(B, T, cache_index=cache_index_B,
+                                                segment_ids=segment_ids))
+    if m.get("embedding_scale", "none") == "learned":
+      # DyT's and Derf's language models: a learnable scalar from sqrt(D) times the embedding,
+      # so that the first hidden state has RMS near that of a normed one (docs/model.md).
+      scale_init = m.get("embedding_scale_init") or m.n_embd ** 0.5
+      scale = self.param("embedding_scale_gain", nn.initializers.constant(scale_init), (),
+                         jnp.float32)
+      x_BTD = x_BTD * scale
+    x_BTD = x_BTD.astype(self.dtype)
     if hypersphere:   # nGPT's first hidden state is on the sphere too
       x_BTD = ngpt.unit_norm(x_BTD).astype(self.dtype)
     if m.norm_position == "peri":   # Peri-LN norms the embedding too (docs/model.md, "Peri-LN")
@@ -102,7 +110,9 @@ class Transformer(nn.Module):
     # vocab_pad_multiple: the head's matmul reads a zero-padded table; its extra columns are cut.
     multiple = m.get("vocab_pad_multiple", 1)
     padded = -(-m.vocab_size // multiple) * multiple
-    table_VD = jnp.pad(wte.embedding, ((0, padded - m.vocab_size), (0, 0)))
+    head_VD = wte.embedding if m.get("tie_head", True) else layers.Embed(
+        m.vocab_size, m.n_embd, name="lm_head", embedding_init=table_init).embedding
+    table_VD = jnp.pad(head_VD, ((0, padded - m.vocab_size), (0, 0)))
     logits_BTV = layers.tied_head(x_BTD, table_VD, self.dtype)[..., :m.vocab_size]
     if hypersphere:   # nGPT's z = s_z * (h E^T) (model/ngpt.py)
       logits_BTV = logits_BTV * ngpt.logit_scale(self, m.vocab_size)
@@ -114,7 +124,8 @@ def final_norm(m, dtype):
   and Chen et al. replace every norm, the final one included); none in nGPT (the identity)."""
   norm_type = "none" if m.get("ngpt", False) else (
       m.norm_type if m.norm_type in ("dyt", "derf") else "ln")
-  return layers.make_norm(norm_type, m.norm_eps, dtype, "ln_f")
+  return layers.make_norm(norm_type, m.norm_eps, dtype, "ln_f",
+                          block.norm_alpha_init(m, "final"))
 
 
 def build_model(model_config, dtype="float32") -> Transformer:

@@ -11,6 +11,7 @@ from simplified_flax.fast import attention_kernels
 from simplified_flax.fast import grad_rules
 from simplified_flax.model import layer_stack
 from simplified_flax.model import layers
+from simplified_flax.model import rope
 from simplified_flax.model import transformer
 from simplified_flax.model import valproj
 
@@ -96,6 +97,20 @@ def validate_model_config(m, require_vocab: bool = True) -> None:
     one_of(m.get(name, False), (False, True), f"model.{name}")
   one_of(m.get("loss_keep_logits", True), (False, True), "model.loss_keep_logits")
   one_of(m.get("attn_output_gate", False), (False, True), "model.attn_output_gate")
+  one_of(m.get("tie_head", True), (False, True), "model.tie_head")
+  one_of(m.get("embedding_scale", "none"), ("none", "learned"), "model.embedding_scale")
+  one_of(m.get("position_embedding", "learned"), rope.POSITION_EMBEDDINGS,
+         "model.position_embedding")
+  if rope.uses_rope(m):
+    require((m.n_embd // m.n_head) % 2 == 0,
+            f"model.position_embedding='rope' rotates pairs of each head's entries, but the head "
+            f"dimension n_embd / n_head = {m.n_embd // m.n_head} is odd: choose an even one.")
+    _in_range(m, "rope_theta", 1, low_open=True, prefix="model.",
+              meaning=" (the rotary frequencies' base, e.g. 10000)")
+  for where in ("attn", "mlp", "final"):
+    if f"alpha_init_{where}_norm" in m:   # absent from configs saved before them
+      _in_range(m, f"alpha_init_{where}_norm", 0, low_open=True, prefix="model.",
+                meaning=" (DyT's / Derf's alpha_0)")
   one_of(m.get("scan_residuals", "matmuls"), layer_stack.SCAN_RESIDUALS, "model.scan_residuals")
   _in_range(m, "norm_eps", 0, low_open=True, prefix="model.")
   _in_range(m, "dropout_rate", 0, 1, high_open=True, prefix="model.")

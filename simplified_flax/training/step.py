@@ -136,10 +136,12 @@ def _loss_sums(state: TrainState, params, batch: dict, *, train: bool, key,
     logits_BTV = apply_model(state, params, batch, train=train, key=key)
     with jax.named_scope("loss"):   # names its ops in profiles (experiments/step_breakdown.py)
       return losses.loss_sums(logits_BTV, batch, state.spec.kind, with_correct)
-  table_VD = params["wte"]["embedding"]
-  # A table sharded by FSDP is whole on no device: its copies would gather it on each.
+  tied = "lm_head" not in params   # model.tie_head=False: the head has a table of its own
+  table_VD = params["wte" if tied else "lm_head"]["embedding"]
+  # A table sharded by FSDP is whole on no device: its copies would gather it on each. They
+  # serve the token lookup too, so only where the head is the token table.
   copies = (fast_layers.table_copies(table_VD, batch["inputs"].shape[0])
-            if state.spec.copy_table and not with_correct else None)
+            if state.spec.copy_table and not with_correct and tied else None)
   hidden_BTD = apply_model(state, params, batch, train=train, key=key, return_hidden=True,
                            **({"table_copies": copies} if copies is not None else {}))
   with jax.named_scope("loss"):
