@@ -3,10 +3,14 @@
     python -m simplified_flax.sweep --config=sas_p:cpu --variants=preln,sas_p \\
         --grid=optimizer.learning_rate=1e-3,3e-3 --seeds=2 --workdir_root=DIR [--jobs=2] \\
         [--config.FIELD=VALUE ...] [--reference=preln] [--best_of=optimizer.learning_rate]
+        [--extend=2]
 
 A rerun skips finished runs and resumes interrupted ones. `--print` writes one
 `python -m simplified_flax.train ...` command per run and runs nothing (for a scheduler);
-`--report_only` then writes the report from what finished. The report (`report.md`,
+`--report_only` then writes the report from what finished. With `--best_of`, a best value at
+the grid's edge is bracketed first: the next value beyond it is run (up to `--extend` values).
+Each run is held to the data's unigram loss: one that did not learn gets no verdict. The
+report (`report.md`,
 `results.json`, plots) goes to `--output` (default `<workdir_root>/report`).
 """
 import shlex
@@ -29,7 +33,7 @@ def main(argv) -> None:
       grid=f.grid or [], seeds=f.seeds, workdir_root=f.workdir_root, jobs=f.jobs,
       print_only=f["print"].value, report_only=f.report_only, output=f.output,
       reference=f.reference, best_of=f.best_of, log_dir=f.run_logs, command=command,
-      quantize=None if f.quantize == "none" else f.quantize))
+      quantize=None if f.quantize == "none" else f.quantize, extend=f.extend))
 
 
 if __name__ == "__main__":
@@ -53,6 +57,10 @@ if __name__ == "__main__":
                       "the first of --variants).")
   flags.DEFINE_string("best_of", None, "A --grid field: also compare each variant at its own "
                       "best value of it (lowest mean final eval loss over seeds).")
+  flags.DEFINE_integer("extend", 2, "With --best_of over a numeric field: where a variant's "
+                       "best value is the grid's smallest or largest, add the next value beyond "
+                       "it (the grid's own step) and run it, up to this many values per variant "
+                       "(0: never; the report then calls an edge best 'unbracketed').")
   flags.DEFINE_string("run_logs", None, "The runs' logs (default <workdir_root>/logs).")
   from simplified_flax.model import quantize  # pylint: disable=g-import-not-at-top
   flags.DEFINE_enum("quantize", "none", list(quantize.SCHEMES), "Also evaluate each "

@@ -89,6 +89,11 @@ class ShardedRows:
     self._first_row_S1 = np.concatenate([[0], np.cumsum(rows_S)]).astype(np.int64)
     self.num_rows = int(self._first_row_S1[-1])
 
+  @property
+  def prepared(self):
+    """The prepared split these rows are cut from (preparation.PreparedSplit)."""
+    return self._prepared
+
   @functools.lru_cache(maxsize=None)
   def _window_starts(self, shard: int) -> np.ndarray:
     return window_starts(self._prepared.shard(shard), self.seq_len)

@@ -94,7 +94,9 @@ class Transformer(nn.Module):
                          jnp.float32)
       x_BTD = x_BTD * scale
     x_BTD = x_BTD.astype(self.dtype)
-    if hypersphere:   # nGPT's first hidden state is on the sphere too
+    if hypersphere and not rope.uses_rope(m):
+      # nGPT's first hidden state is on the sphere: E's rows are (the optimiser keeps them so),
+      # E + P is not. With rotary positions it is E[token] itself, as in the authors' code.
       x_BTD = ngpt.unit_norm(x_BTD).astype(self.dtype)
     if m.norm_position == "peri":   # Peri-LN norms the embedding too (docs/model.md, "Peri-LN")
       x_BTD = layers.make_norm(m.norm_type, m.norm_eps, self.dtype, "ln_emb")(x_BTD)

@@ -206,6 +206,15 @@ def build(config_spec: str, shared: Sequence[str], variants: Sequence[str],
   return runs
 
 
+def point_runs(config_spec: str, shared: Sequence[str], variant: str, grid_texts: Sequence[str],
+               point: Mapping[str, object], seeds: int, workdir_root: str) -> list[Run]:
+  """The runs of `variant` at one `point` ({grid field: value}, a value of which may lie beyond
+  the grid), named and checked as `build` names and checks the grid's own runs."""
+  fields = [field for field, _ in parse_grid(grid_texts)]
+  return build(config_spec, shared, [variant], [f"{f}={format_value(point[f])}" for f in fields],
+               seeds, workdir_root)
+
+
 def join(folder: str, name: str) -> str:
   """`folder/name` for a local folder or a gs:// one."""
   return f"{folder.rstrip('/')}/{name}"

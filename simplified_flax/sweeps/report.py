@@ -9,6 +9,7 @@ from typing import Sequence
 
 from etils import epath
 
+from simplified_flax.sweeps import baseline
 from simplified_flax.sweeps import comparison
 from simplified_flax.sweeps import plan
 from simplified_flax.sweeps import stats
@@ -46,8 +47,20 @@ def _point_text(point: dict) -> str:
   return ", ".join(f"{f}={plan.format_value(v)}" for f, v in point.items()) or "-"
 
 
+def _unigram_text(unigrams) -> str:
+  if not unigrams:
+    return ("Unigram loss: not known (no run finished, or the data could not be read), so no "
+            "run is held to it.")
+  values = ", ".join(f"{u:.4f}" for u in unigrams)
+  return (f"Unigram loss of the data: {values} nats per token (the training shards' token "
+          "frequencies scored on the runs' eval batches: what a model that ignores its context "
+          f"reaches). A run whose final eval loss is not below it by {baseline.LEARNED_MARGIN} "
+          "did not learn; a grid point with such a run (or a failed or diverged one) gets the "
+          "verdict \"did not learn\" and is never a best value.")
+
+
 def markdown(collected, groups, tables, *, reference, best_of, command, plots,
-             quantize=None) -> str:
+             quantize=None, unigrams=(), extend: int = 0) -> str:
   """report.md's text; `tables` is comparison.tables(groups, reference, best_of)."""
   total = len(collected)
   finished = [c for c in collected if c.summary]
@@ -61,7 +74,8 @@ def markdown(collected, groups, tables, *, reference, best_of, command, plots,
            + (f", {len(failed)} failed" if failed else "")
            + (f", {len(missing)} not run yet" if missing else "") + ". Final eval loss: each "
            "run's last evaluation (the same validation batches for every run). Tokens/s: the "
-           "median logged training throughput, the first interval (compilation) left out.", ""]
+           "median logged training throughput, the first interval (compilation) left out.", "",
+           _unigram_text(unigrams), ""]
   rows = tables["points"]
   # The outlier-feature columns (the OP paper's), where the runs measured them.
   extra = [(key, title) for key, title in (
@@ -74,10 +88,12 @@ def markdown(collected, groups, tables, *, reference, best_of, command, plots,
               "diagnostics every `diagnostics_every` steps), mean over seeds. "
               f"{quantize or ''} loss increase: the final checkpoint's eval loss with int8 "
               "fake-quantised linear layers minus its full-precision one, mean over seeds.", ""]
-  lines += _table(["variant", "grid point", "final eval loss (mean ± sd)", "params", "tokens/s",
-                   "train time"] + [title for _, title in extra],
+  lines += _table(["variant", "grid point", "final eval loss (mean ± sd)", "learned", "params",
+                   "tokens/s", "train time"] + [title for _, title in extra],
                   [[f"`{r['variant']}`", _point_text(r["point"]),
                     _mean_sd(list(r["final_eval_losses"].values())) if r["finished"] else "-",
+                    f"{r['learned']} of {r['finished'] + r['failed']}"
+                    if r["finished"] + r["failed"] else "-",
                     f"{r['params']:,}" if r["params"] else "-",
                     f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-",
                     f"{r['train_s']:.0f} s" if r["train_s"] else "-"]
@@ -93,26 +109,31 @@ def markdown(collected, groups, tables, *, reference, best_of, command, plots,
     lines += _table(["variant", "grid point", "seeds", "mean difference", "95% interval",
                      "verdict"],
                     [[f"`{r['variant']}`", _point_text(r["point"]), r["n"],
-                      _fmt(r["mean_difference"], sign=True), _interval_text(r), r["verdict"]]
-                     for r in paired]) + [""]
+                      _fmt(r["mean_difference"], sign=True), _interval_text(r),
+                      r["verdict"] or "-"] for r in paired]) + [""]
   if best_of:
     best = tables["best_of_rows"]
     lines += [f"## Each variant at its own best `{best_of}`", "",
-              f"The value of `{best_of}` with the lowest mean final eval loss over seeds (a "
-              "value with a failed or diverged seed never wins), and the difference to "
-              f"`{reference}` at its own best, paired by seed. \"(grid edge)\": the best value "
-              "is the grid's smallest or largest, so a value beyond it may be better still; "
-              "extend the grid that way (finished runs are skipped).", ""]
-    lines += _table(["variant", "other grid fields", f"best {best_of}", "final eval loss",
-                     f"minus `{reference}`", "95% interval", "verdict"],
+              f"The value of `{best_of}` with the lowest mean final eval loss over seeds among "
+              "the values where every seed learned, and the difference to "
+              f"`{reference}` at its own best, paired by seed. \"unbracketed\": a best value "
+              "that is the smallest or largest value the variant's runs tried (of either "
+              "side), so a value beyond it may be better still: no higher or lower is read "
+              "from it." + (f" The sweep added up to {extend} value(s) beyond an edge best, one "
+                            "grid step at a time, before reporting (\"tried\" lists them)."
+                            if extend else ""), ""]
+    lines += _table(["variant", "other grid fields", f"best {best_of}", "tried",
+                     "final eval loss", f"minus `{reference}`", "95% interval", "verdict"],
                     [[f"`{r['variant']}`", _point_text(r["point"]),
-                      (plan.format_value(r["best"]) + (" (grid edge)" if r["best_at_grid_edge"]
-                                                         else ""))
-                      if r["best"] is not None else "none finished",
+                      (plan.format_value(r["best"]) + (" (edge)" if r["best_at_grid_edge"]
+                                                       else ""))
+                      if r["best"] is not None else "none learned",
+                      ", ".join(plan.format_value(v) for v in r["tried"]),
                       _fmt(r["final_eval_loss_mean"]),
                       "-" if r["is_reference"] else _fmt(r["mean_difference"], sign=True),
                       "-" if r["is_reference"] else _interval_text(r),
-                      "reference" if r["is_reference"] else r["verdict"]] for r in best]) + [""]
+                      ("reference" + (f" ({r['verdict']})" if r["verdict"] else ""))
+                      if r["is_reference"] else r["verdict"] or "-"] for r in best]) + [""]
   lines += [
       "## Reading the intervals", "",
       "Each seed gives both variants the same data order and initialisation key, so the "
@@ -197,24 +218,28 @@ def _json_safe(value):
 
 def write(runs: Sequence[plan.Run], output: str, *, command: str, reference: str | None = None,
           best_of: str | None = None, failed: dict[str, str] | None = None,
-          quantize: str | None = None) -> list[comparison.Collected]:
+          quantize: str | None = None, baselines: baseline.Baselines | None = None,
+          extend: int = 0) -> list[comparison.Collected]:
   """Writes `<output>/report.md`, `results.json` and the PNGs (local or gs://); returns the
-  collected runs. `reference` defaults to the first variant."""
-  collected = comparison.collect(runs, failed, quantize)
+  collected runs. `reference` defaults to the first variant; `baselines`: the unigram losses
+  the runs are held to (default: computed from the runs' data)."""
+  collected = comparison.collect(runs, failed, quantize, baselines or baseline.Baselines())
   reference = reference or runs[0].variant
   groups = comparison.groups(collected)
   folder = epath.Path(output)
   folder.mkdir(parents=True, exist_ok=True)
   image_lines = plot(groups, folder) if any(c.summary for c in collected) else []
   tables = comparison.tables(groups, reference, best_of)
+  unigrams = sorted({c.unigram for c in collected if c.unigram is not None})
   (folder / "report.md").write_text(markdown(collected, groups, tables, reference=reference,
                                              best_of=best_of, command=command,
-                                             plots=image_lines, quantize=quantize))
-  data = {"command": command, "reference": reference, "best_of": best_of,
+                                             plots=image_lines, quantize=quantize,
+                                             unigrams=unigrams, extend=extend))
+  data = {"command": command, "reference": reference, "best_of": best_of, "extend": extend,
+          "unigram_cross_entropy": unigrams, "learned_margin": baseline.LEARNED_MARGIN,
           "runs": [{"name": c.run.name, "variant": c.run.variant, "point": dict(c.run.point),
-                    "seed": c.run.seed, "workdir": c.run.workdir,
-                    "status": "finished" if c.summary else "failed" if c.error else "not run",
-                    "error": c.error,
+                    "seed": c.run.seed, "workdir": c.run.workdir, "status": c.status,
+                    "unigram_cross_entropy": c.unigram, "error": c.error,
                     **({k: c.summary[k] for k in ("steps", "params", "final_eval_loss",
                                                   "final_train_loss", "tokens_per_s", "train_s",
                                                   "peak_kurtosis", "quantized_loss_increase")}

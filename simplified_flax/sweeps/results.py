@@ -49,7 +49,7 @@ def summarise(workdir: str) -> dict[str, Any]:
       "final_train_loss": float(np.mean(tail)) if tail else None,
       "tokens_per_s": float(np.median(speeds)) if speeds else None,
       "train_s": train_rows[-1]["elapsed_s"] if train_rows else None,
-      "history": rows,
+      "history": rows, "config": config_dict,
   }
 
 

@@ -28,10 +28,8 @@ class Paired:
     return None if self.low is None else (self.low > 0 or self.high < 0)
 
   def verdict(self) -> str:
-    """'lower' / 'higher' (the variant's loss, separated from the reference's), 'not
-    separated', or 'needs 2+ seeds'."""
-    if self.excludes_zero is None:
-      return "needs 2+ seeds"
+    """'lower' / 'higher' (the variant's loss, separated from the reference's) or 'not
+    separated' (also with one seed, which has no spread to separate by)."""
     if not self.excludes_zero:
       return "not separated"
     return "lower" if self.high < 0 else "higher"
