@@ -65,7 +65,8 @@ def exec_classes(source: str, names: tuple[str, ...], namespace: dict) -> dict:
   tree = ast.parse(source)
   for node in tree.body:
     if isinstance(node, ast.ClassDef) and node.name in names:
-      exec(compile(ast.Module([node], []), "<authors>", "exec"), namespace)  # pylint: disable=exec-used
+      code = compile(ast.Module([node], []), "<authors>", "exec")
+      exec(code, namespace)  # pylint: disable=exec-used
   missing = set(names) - set(namespace)
   assert not missing, f"not in their source: {missing}"
   return namespace
