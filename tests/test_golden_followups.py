@@ -182,7 +182,9 @@ def test_ngpt_block_matches_their_block():
   g = golden("ngpt_block")
   h_BTD = g["input/h"]
   D = h_BTD.shape[-1]
-  m = model_config("ngpt", n_embd=D, n_head=2, attention_impl="explicit")
+  # Their RoPE is the identity in the file: the block without rotary positions.
+  m = model_config("ngpt", n_embd=D, n_head=2, attention_impl="explicit",
+                   position_embedding="learned")
   layer = ngpt.Block(m, layer=0, causal=True)
   params = ngpt_block_params(prefixed(g, "param/"))
   assert_same_structure(params, layer.init, h_BTD, {})
@@ -205,8 +207,12 @@ def test_ngpt_model_logits_and_loss_match_their_gpt():
   idx_BT, targets_BT = g["input/idx"], g["input/targets"]
   (V, D), T = wte_VD.shape, idx_BT.shape[1]
   config = load_config("ngpt")
+  # Their RoPE is the identity in the file and their head equals their wte: this project's
+  # nGPT with a zero position table and the tied head (configs/ngpt.py has rotary positions,
+  # held to RoFormer's formula in tests/test_ngpt_completep.py, and a head of its own).
   config.model.update(n_layer=1, n_embd=D, n_head=2, vocab_size=V, context_length=T,
-                      max_position_embeddings=T, attention_impl="explicit")
+                      max_position_embeddings=T, attention_impl="explicit",
+                      position_embedding="learned", tie_head=True)
   model = transformer.build_model(config.model)
 
   def tree(t):   # theirs (values or gradients) -> this project's parameters, wpe zero
