@@ -6,15 +6,23 @@ to depth L.
 With m_L = L / L_base (docs/model.md, "CompleteP"; the depth terms of their Table 1):
     x <- x + m_L^-alpha * Attn(norm1(x));   x <- x + m_L^-alpha * MLP(norm2(x))
 and, inside the residual blocks only, AdamW's learning rate times m_L^(alpha - 1) (1 at
-alpha = 1) and its eps times m_L^-alpha (training/optimizer.py, `depth_mup_scales`).
-Embeddings, the final norm and the head keep the base learning rate and eps.
+alpha = 1); AdamW's eps times m_L^-alpha in every parameter group, from the authors' base of
+1e-12, as their code scales its one `adam_eps` (EleutherAI/nanoGPT-mup, branch completep,
+model.py `configure_optimizers` and train.py; training/optimizer.py, `depth_mup_scales`).
+Embeddings, the final norm and the head keep the base learning rate.
 Init: Pre-LN's (every weight N(0, 0.02), norm scales 1): Table 1's depth terms leave every
 initial variance alone. Weight decay: Pre-LN's (Table 1 scales it with width only). This
 code scales no width (m_N = 1).
 
-L_base = 4: at 4 layers the model, its initial values and its optimiser are Pre-LN's exactly,
-so a learning rate tuned there for Pre-LN is CompleteP's base rate. The `cpu` switch's 6 layers
-give m_L = 1.5 (branches times 2/3, eps times 2/3); the paper shape's 18 give m_L = 4.5.
+L_base = 4: at 4 layers the model and its initial values are Pre-LN's exactly (its optimiser
+too, but for eps 1e-12 in place of 1e-8), so a learning rate tuned there for Pre-LN is
+CompleteP's base rate. The `cpu` switch's 6 layers give m_L = 1.5 (branches times 2/3, eps
+times 2/3); the paper shape's 18 give m_L = 4.5.
+
+The baseline it is compared with: this code's Pre-LN, which initialises every weight N(0, 0.02)
+as the SAS authors' code does. The CompleteP authors' standard-parameterisation baseline
+(nanoGPT's) initialises each residual output projection (`c_proj`) at 0.02 / sqrt(2 L)
+instead; that baseline is not run here.
 
 Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
     python -m simplified_flax.train --config=completep:cpu --workdir=/tmp/completep
@@ -33,6 +41,9 @@ Measured: Pre-LN's best rate is 1e-3 at both depths; CompleteP's is 1e-3 at 4 la
 Pre-LN there) and 2e-3 at 16 (2.390 ± 0.001; 2.419 ± 0.021 at 1e-3). At 16 layers CompleteP
 at its best is below Pre-LN at its best by 0.117 [0.078, 0.156]. At this budget its best rate
 moved one grid step (x2) and Pre-LN's did not: the transfer is not shown at this scale.
+That check ran before this config took the authors' eps (then 1e-8, scaled in the blocks
+only), against this code's Pre-LN (not the authors' c_proj-scaled baseline); it has not been
+rerun since.
 
 The speed package has not verified `model.depth_mup_alpha`: the run builds the reference model
 and logs one line saying so (docs/fast.md).

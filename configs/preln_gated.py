@@ -2,8 +2,10 @@
 Zhou, Lin, "Gated Attention for Large Language Models: Non-linearity, Sparsity, and
 Attention-Sink-Free", NeurIPS 2025, arXiv 2505.06708): the attention output, before the
 output projection, times an elementwise, head-specific, query-dependent gate, their best
-position G1: Proj(sigmoid(x W_g) * SDPA(q, k, v)), x the attention sub-block's (normed) input,
-W_g [D, D] N(0, 0.02) with no bias (docs/model.md, "Gated attention";
+position G1: Proj(sigmoid(x W_g + b_g) * SDPA(q, k, v)), x the attention sub-block's (normed)
+input, W_g [D, D] N(0, 0.02) and b_g [D] zeros: in the authors' code (qiuzh20/gated_attention,
+modeling_qwen3.py) the gate is the second half of the q projection's output and shares its
+bias flag, and q has a bias here (docs/model.md, "Gated attention";
 docs/beyond_the_paper.md, "Gated attention").
 
 Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):

@@ -1,7 +1,8 @@
 """SAS-P with gated attention (Qiu et al., "Gated Attention for Large Language Models:
 Non-linearity, Sparsity, and Attention-Sink-Free", NeurIPS 2025, arXiv 2505.06708): the shaped
-attention's output times sigmoid(x W_g), elementwise and per head, before the (here identity)
-output projection, x the block's normed input, W_g [D, D] N(0, 0.02) with no bias. Qiu et al.
+attention's output times sigmoid(x W_g + b_g), elementwise and per head, before the (here
+identity) output projection, x the block's normed input, W_g [D, D] N(0, 0.02) and b_g [D]
+zeros (their gate is part of the q projection and shares its bias flag; q has one). Qiu et al.
 credit the gate with a non-linearity between the value and output projections, the path
 SAS removes; this config asks whether the gate still helps without it (docs/model.md, "Gated
 attention"; docs/beyond_the_paper.md, "Gated attention").
