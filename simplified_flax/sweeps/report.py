@@ -68,8 +68,10 @@ def markdown(collected, groups, tables, *, reference, best_of, command, plots,
   missing = [c for c in collected if not c.summary and not c.error]
   variants = list(dict.fromkeys(c.run.variant for c in collected))
   seeds = sorted({c.run.seed for c in collected})
-  lines = [f"# Sweep: {', '.join(variants)} × {len(groups) // max(len(variants), 1)} grid "
-           f"point(s) × {len(seeds)} seed(s)", "", f"Command: `{command}`", "",
+  points = {point for _, point in groups}
+  lines = [f"# Sweep: {', '.join(variants)} × {len(points)} grid point(s)"
+           + (" (with the extensions)" if extend else "") + f" × {len(seeds)} seed(s)", "",
+           f"Command: `{command}`", "",
            f"{len(finished)} of {total} runs finished"
            + (f", {len(failed)} failed" if failed else "")
            + (f", {len(missing)} not run yet" if missing else "") + ". Final eval loss: each "
