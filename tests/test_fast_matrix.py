@@ -4,7 +4,8 @@ mode), in both attention forms, has the reference's parameter tree and its loss 
 (float32; bfloat16 on a subset), at the initial parameters and at parameters moved off them
 (`moved`: at the initial ones several fast paths agree with the reference by accident). Where
 a config's values are not verified the plan is None and the fast model is the reference
-itself, which these tests check too.
+itself, which these tests check too. The reference's two attention forms are held to each
+other in every config (falling-back ones included).
 
 Tolerances: the rules and kernels change the order of sums, never their terms, so each
 gradient leaf may differ by round-off relative to its own largest entry, plus round-off of
@@ -21,6 +22,7 @@ from conftest import ALL_CONFIGS, DECODER_VARIANTS, ENCODER_VARIANTS, tiny_confi
 from simplified_flax import fast
 from simplified_flax.fast import grad_rules
 from simplified_flax.fast import plan as plan_lib
+from simplified_flax.model import attention
 from simplified_flax.model import layers
 from simplified_flax.model import transformer
 
@@ -103,7 +105,9 @@ def _forms_of(config, forms):
 def _cases(name: str, dtype: str, forms, platforms):
   """(the reference's initial variables, {case: params -> loss}, [(where, case, its
   reference case)]): the fast model of each of `platforms`' plans in each of `forms` against
-  the reference in that form."""
+  the reference in that form, and the reference's explicit form against its fused one (in
+  float32, every config, falling-back ones included: a shaping term written in one form and
+  not the other fails there)."""
   config = _config(name, forms[0])
   tokens_BT, kwargs = _batch(config)
   reference = transformer.build_model(config.model, dtype)
@@ -129,6 +133,9 @@ def _cases(name: str, dtype: str, forms, platforms):
       losses[f"{platform}, {form}"] = _loss(model, variables, *_batch(form_config))
       compared.append((f"{name} on the {platform} plan, {form} form, {dtype}",
                        f"{platform}, {form}", reference_case(form, seq_len)))
+  if dtype == "float32" and len(forms) == 2:
+    compared.append((f"{name}'s reference, explicit form against the fused form",
+                     reference_case("explicit", SEQ), reference_case("fused", SEQ)))
   return variables, losses, compared
 
 
@@ -248,6 +255,19 @@ def test_the_moved_parameters_catch_what_the_initial_ones_let_through(monkeypatc
   (initial, _), (after_moving, where) = worst["initial"], worst["moved"]
   assert initial <= 1 < 100 < after_moving, (initial, after_moving, where)
   assert "['h_1']['mlp']" in where, where
+
+
+def test_a_shaping_term_in_one_attention_form_alone_fails_the_forms_check(monkeypatch):
+  """The reference's two forms held to each other, in a config no fast path runs (gated
+  attention): a term added to the explicit form's `shaping_terms` and not to `fused_terms`
+  (here 0.1 times the mask's own matrix) fails."""
+  shaping_terms = attention.shaping_terms
+  def with_a_term_more(mask, **kwargs):
+    gain_H = jnp.full((kwargs["num_heads"],), 0.1, jnp.float32)
+    return shaping_terms(mask, **kwargs) + [(gain_H, mask.astype(jnp.float32))]
+  monkeypatch.setattr(attention, "shaping_terms", with_a_term_more)
+  ratio, where = deviations("preln_gated", "float32")["moved"]
+  assert ratio > 100 and "explicit form against the fused form" in where, (ratio, where)
 
 
 def test_the_matrix_runs_the_kernels_and_rules_it_claims_to_check():
