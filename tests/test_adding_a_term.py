@@ -3,7 +3,7 @@ the code: its edits, as text patches of the files it lists and of no other, add 
 `probe * I` (the matrix is alpha's, so that each form's term is one line: what is tested is
 where a term goes, not its maths). Run there, the matrix holds the reference's two forms of it
 to each other and the fast model to the reference on every plan, at the initial and the moved
-parameters; the existing configs keep their kernels; cached decoding equals the full pass;
+parameters; the existing configs keep their plans; cached decoding equals the full pass;
 the authors' format converts the existing configs and refuses the new one in one line. The
 recipe's list of files is the one patched here.
 """
@@ -95,12 +95,13 @@ RECIPE = [
         "REFUSED = {\"sas_p_probe\": \"probe_attn_gain\", ")]),
 ]
 # What runs in the copy: the new config's matrix (the reference's two forms, the fast model on
-# every plan), the existing configs' kernels, decoding with the cache's running sum (the fused
+# every plan), the existing configs' plans (SAS-P's, on every platform), decoding with the cache's running sum (the fused
 # form's own terms), both tables' classification, the conversion.
 CHECKS = [
     "tests/test_fast_matrix.py::test_the_fast_model_equals_the_reference_on_every_plan_in_both_"
     "forms[sas_p_probe]",
-    "tests/test_fast_matrix.py::test_the_matrix_runs_the_kernels_and_rules_it_claims_to_check",
+    "tests/test_fast_matrix.py::test_off_is_the_reference_and_auto_applies_each_rule_on_its_"
+    "platform",
     "tests/test_decode.py::test_cached_decoding_equals_the_full_forward_pass[sas_p_probe-fused]",
     "tests/test_fast_matrix.py::test_every_model_field_is_verified_or_ignored_by_the_fast_path",
     "tests/test_convert.py::test_every_field_of_every_config_file_is_in_the_authors_table",
