@@ -35,7 +35,8 @@ RECIPE = [
         ("    terms.append((head_vector(centre_gain), -centering_matrix_from_mask(mask)))\n",
          "    terms.append((head_vector(centre_gain), -centering_matrix_from_mask(mask)))\n"
          "  if probe_gain is not None:\n"
-         "    terms.append((head_vector(probe_gain), eye_QK[..., None, :, :].astype(jnp.float32)))\n"),
+         "    terms.append((head_vector(probe_gain),\n"
+         "                  eye_QK[..., None, :, :].astype(jnp.float32)))\n"),
         ("def fused_terms(v_BKHd, *, skip_gain, centre_gain, num_queries: int, query_offset=0,\n"
          "                prefix_sums: Callable = cumulative_sum, **where):",
          "def fused_terms(v_BKHd, *, skip_gain, centre_gain, num_queries: int, query_offset=0,\n"
@@ -48,9 +49,9 @@ RECIPE = [
          "  return terms\n"),
         ("                     logit_soft_cap=None, return_probs: bool = False):",
          "                     logit_soft_cap=None, return_probs: bool = False, probe_gain=None):"),
-        ("    terms = fused_terms(v, skip_gain=skip_gain, centre_gain=centre_gain, num_queries=Tq,",
-         "    terms = fused_terms(v, skip_gain=skip_gain, centre_gain=centre_gain, num_queries=Tq,\n"
-         "                        probe_gain=probe_gain,"),
+        ("centre_gain=centre_gain, num_queries=Tq,\n",
+         "centre_gain=centre_gain, num_queries=Tq,\n"
+         "                        probe_gain=probe_gain,\n"),
         ("                        skip_gain=skip_gain, centre_gain=centre_gain, num_heads=H)",
          "                        skip_gain=skip_gain, centre_gain=centre_gain, num_heads=H,\n"
          "                        probe_gain=probe_gain)")]),
@@ -95,8 +96,9 @@ RECIPE = [
         "REFUSED = {\"sas_p_probe\": \"probe_attn_gain\", ")]),
 ]
 # What runs in the copy: the new config's matrix (the reference's two forms, the fast model on
-# every plan), the existing configs' plans (SAS-P's, on every platform), decoding with the cache's running sum (the fused
-# form's own terms), both tables' classification, the conversion.
+# every plan), the existing configs' plans (SAS-P's, on every platform), decoding with the
+# cache's running sum (the fused form's own terms), both tables' classification, the
+# conversion.
 CHECKS = [
     "tests/test_fast_matrix.py::test_the_fast_model_equals_the_reference_on_every_plan_in_both_"
     "forms[sas_p_probe]",
