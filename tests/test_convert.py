@@ -8,13 +8,14 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from scipy.special import erf
 from safetensors.numpy import load_file
 
-from conftest import DECODER_VARIANTS, tiny_config
-from simplified_flax.authors import config_map, dirs, params_map
+from conftest import ALL_CONFIGS, DECODER_VARIANTS, tiny_config
+from simplified_flax.authors import config_map, dirs, expressible, params_map
 from simplified_flax.model import scan_layout
 from simplified_flax.model.transformer import build_model
 from simplified_flax.runs import config_checks
@@ -139,22 +140,22 @@ def _param_shapes(m):
 # ------------------------------------------------------------------------------------------
 # Every variant in memory: logits equal the numpy forward pass; the round trip is exact.
 # ------------------------------------------------------------------------------------------
-def _theirs_can_express(variant: str) -> bool:
-  try:
-    config_map.authors_config(tiny_config(variant).model)
-  except config_map.ConversionError:
-    return False
-  return True
+# The decoder config files the authors' code cannot express, and the field each is refused on
+# (authors/expressible.py). Every other decoder config file must convert: a field new to the
+# authors' table refuses every run, and fails here.
+REFUSED = {"preln_dyt": "norm_type", "sas_p_dyt": "norm_type", "preln_derf": "norm_type",
+           "peri_ln": "norm_position", "preln_gated": "attn_output_gate",
+           "sas_p_gated": "attn_output_gate", "ngpt": "ngpt", "completep": "depth_mup_alpha"}
 
 
-# The variants the authors' code expresses (not DyT, Derf, Peri-LN or gated attention:
-# config_map refuses them, tested below and in test_followup_blocks.py).
-AUTHORS_VARIANTS = tuple(v for v in DECODER_VARIANTS if _theirs_can_express(v))
-
-
-@pytest.mark.parametrize("variant", AUTHORS_VARIANTS)
+@pytest.mark.parametrize("variant", DECODER_VARIANTS)
 def test_their_state_dict_gives_the_numpy_logits_and_round_trips_exactly(variant, tmp_path):
   config = _tiny(variant, attention_impl="explicit")
+  if variant in REFUSED:   # one line naming the field, before anything is written
+    with pytest.raises(config_map.ConversionError, match=rf"^model\.{REFUSED[variant]}=") as e:
+      _write_theirs(tmp_path / "theirs", config, None)
+    assert "\n" not in str(e.value) and not (tmp_path / "theirs").exists()
+    return
   model, variables, params = _perturbed_params(config)
   _write_theirs(tmp_path, config, params)
   logits_TV = model.apply({**variables, "params": params}, TOKENS_T[None])[0]
@@ -285,6 +286,67 @@ def test_training_continues_from_a_converted_workdir(tmp_path):
   assert not np.array_equal(np.asarray(moved), np.asarray(params["h_0"]["mlp"]["c_fc"]["kernel"]))
 
 
-def test_a_model_their_code_cannot_express_is_refused_before_anything_is_written():
-  with pytest.raises(config_map.ConversionError, match=r"model.norm_type='dyt': the authors' "):
-    config_map.authors_config(tiny_config("sas_p_dyt").model)
+# ------------------------------------------------------------------------------------------
+# The authors' table (authors/expressible.py): what --to_authors writes, and what it refuses.
+# ------------------------------------------------------------------------------------------
+def test_every_field_of_every_config_file_is_in_the_authors_table():
+  for name in ALL_CONFIGS:
+    assert expressible.unclassified(tiny_config(name).model) == [], name
+  tables = set(expressible.EXPRESSIBLE), expressible.NOT_WRITTEN, set(expressible.UNREAD_UNLESS)
+  assert not (tables[0] & tables[1] or tables[0] & tables[2] or tables[1] & tables[2])
+
+
+def test_every_value_the_table_admits_is_written_and_read_back():
+  """The table and the writer agree: each value a field's check admits (a finite set of them)
+  gives their config.json, which reads back to it; a field their config.json does not carry
+  admits one value, their code's own behaviour."""
+  base = tiny_config("preln").model
+  carried = set(config_map.model_fields(config_map.authors_config(base)))
+  for field, check in expressible.EXPRESSIBLE.items():
+    values = getattr(check, "values", None)
+    if field not in carried:
+      assert values is not None and len(values) == 1, field
+    for value in values or ():
+      m = base.to_dict() | {field: value}
+      if field in base and expressible.refusal(m) is None:
+        fields = config_map.model_fields(config_map.authors_config(
+            ml_collections.ConfigDict(m)))
+        assert fields.get(field, value) == value, (field, value)
+
+
+def test_a_field_or_value_their_code_lacks_is_refused_in_one_line_before_anything_is_written(
+    tmp_path):
+  """A throwaway field (a researcher's new shaping term) and a throwaway value of a known
+  field (an activation theirs lacks): --to_authors refuses each in one line naming the field
+  and value, where a writer that read only the fields it knows would drop the term (their
+  model would compute something else) or fail on the value with a KeyError."""
+  m = tiny_config("sas_p").model
+  for field, value, line in [
+      ("prev_token_attn_gain", 0.3, r"^model\.prev_token_attn_gain=0\.3 is new to the authors' "
+                                    r"format \(simplified_flax/authors/expressible\.py\)"),
+      ("activation", "relu2", r"^model\.activation='relu2': the authors' code has only "
+                              r"'leaky_relu' or 'gelu' for activation; this run cannot be "
+                              r"written as theirs")]:
+    changed = ml_collections.ConfigDict(m.to_dict() | {field: value})
+    with pytest.raises(config_map.ConversionError, match=line) as error:
+      config_map.authors_config(changed)
+    assert "\n" not in str(error.value)
+  # From a workdir: refused before the checkpoint is read, the output folder never made.
+  config = _tiny("sas_p")
+  config.model.prev_token_attn_gain = 0.3
+  (tmp_path / "work").mkdir()
+  (tmp_path / "work" / "config.json").write_text(json.dumps(config.to_dict()))
+  with pytest.raises(config_map.ConversionError, match="model.prev_token_attn_gain=0.3 is new"):
+    dirs.authors_from_workdir(str(tmp_path / "work"), str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()
+
+
+def test_fields_their_code_lacks_convert_where_unread_and_are_refused_where_read():
+  m = tiny_config("preln").model.to_dict()
+  assert expressible.refusal(m | {"depth_mup_base_layers": 1}) is None   # without alpha: unread
+  assert expressible.refusal(m | {"alpha_init_attn_norm": 0.2}) is None  # no DyT norm reads it
+  assert expressible.refusal(m | {"scan_layers": True, "grad_rules": "off"}) is None
+  line = expressible.refusal(m | {"norm_type": "dyt", "alpha_init_attn_norm": 0.2})
+  assert line.startswith("model.norm_type='dyt': the authors' code has only"), line
+  line = expressible.refusal({"rope_theta": 500.0, "position_embedding": "rope"})
+  assert line.startswith("model.rope_theta=500.0: read with model.position_embedding 'rope'")

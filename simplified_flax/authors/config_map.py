@@ -5,11 +5,14 @@ Their run writes the GPT-2 fields that differ from GPT2Config's defaults (`GPT2_
 the rest) and every block field of their `run_clm.py` (`BLOCK_FIELDS`; `qk_norm_type` and
 `dot_norm_type` came later and default to "none"). A field neither side knows, or a value this
 code cannot express (GPT-2's own attention options, an untied head, unequal dropout rates, a
-width that is no multiple of n_embd), is a ConversionError naming it.
+width that is no multiple of n_embd), is a ConversionError naming it. The other way,
+`authors_config` writes a model only where every field passes `expressible.refusal` (the
+table of what their code has); nothing is dropped unnoticed.
 """
 from typing import Any
 
 from simplified_flax.authors import ConversionError
+from simplified_flax.authors import expressible
 
 # GPT2Config's defaults of the fields read here (a saved config.json leaves them out).
 GPT2_DEFAULTS = {
@@ -43,7 +46,6 @@ OPTIONAL_FLOATS = ("first_layer_value_resid_gain", "value_skip_gain", "last_laye
                    "proj_skip_gain", "val_proj_init_std", "query_init_std", "key_init_std",
                    "mlp_proj_init_std")
 LATER_FIELDS = {"qk_norm_type": "none", "dot_norm_type": "none"}
-AUTHORS_NORM_TYPES = ("ln", "rmsnorm", "none")   # their norm_type values (no DyT)
 BLOCK_FIELDS = FLOAT_FIELDS + BOOL_FIELDS + STR_FIELDS + ("tie_valproj_init",
                                                           "activation_function")
 ACTIVATIONS = {"leaky_relu": "leaky_relu", "gelu": "gelu"}   # theirs (HF ACT2FN) -> this code's
@@ -102,22 +104,10 @@ def _number(value, field: str, where: str) -> float:
 
 def authors_config(m, eod_id: int | None = None) -> dict[str, Any]:
   """Their `config.json` for the model `m` (a decoder's `config.model`), every field written
-  out: GPT2LMHeadModel's, then the block fields their `convertGPT2model` reads."""
-  _require(m.kind == "decoder", f"model.kind={m.kind!r}: the authors' code has the decoder "
-           "(GPT2LMHeadModel) only.")
-  _require(m.norm_type in AUTHORS_NORM_TYPES, f"model.norm_type={m.norm_type!r}: the authors' "
-           f"code has {' / '.join(AUTHORS_NORM_TYPES)} norms only; this run cannot be written "
-           "as theirs (its checkpoint stays readable here).")
-  _require(m.norm_position in ("pre", "post") and not m.get("attn_output_gate", False),
-           f"model.norm_position={m.norm_position!r} / model.attn_output_gate="
-           f"{m.get('attn_output_gate', False)}: the authors' code has pre / post norms and no "
-           "attention output gate; this run cannot be written as theirs (its checkpoint stays "
-           "readable here).")
-  _require(not m.get("ngpt", False) and m.get("depth_mup_alpha") is None,
-           f"model.ngpt={m.get('ngpt', False)} / model.depth_mup_alpha="
-           f"{m.get('depth_mup_alpha')}: the authors' code has neither nGPT's normalised layers "
-           "nor CompleteP's depth-scaled branches; this run cannot be written as theirs (its "
-           "checkpoint stays readable here).")
+  out: GPT2LMHeadModel's, then the block fields their `convertGPT2model` reads. A
+  ConversionError, one line, where a field of `m` is not theirs (`expressible.refusal`)."""
+  refused = expressible.refusal(m)   # every field, by its table; nothing else is written
+  _require(refused is None, refused)
   activation = {v: k for k, v in ACTIVATIONS.items()}[m.activation]
   config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
             "vocab_size": int(m.vocab_size), "n_positions": int(m.max_position_embeddings),

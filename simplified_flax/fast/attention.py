@@ -3,8 +3,9 @@ with the platform's attention kernel for A v (attention_kernels.py), the combine
 causal combine (combine_kernel.py), the `gains` rule's gradient on the explicit form, and three
 extras a fast block asks for: the result times a gain (`out_gain`), plus a branch (`addend`),
 and with its sums of squares (`return_sum_squares`). The shaping terms are the reference's
-(`attention.shaping_terms`, `attention.fused_terms`); only the combine kernels fix them to
-(alpha, I) and (gamma, C), and they apply only where the plan was verified (plan.py).
+(`attention.shaping_terms`, `attention.fused_terms`), whose gains pass through unread; only
+the combine kernels fix them to (alpha, I) and (gamma, C), and they apply only where those are
+the only terms and the plan was verified (plan.py).
 """
 import functools
 
@@ -30,6 +31,9 @@ TPU_LAYOUT_PLATFORMS = ("tpu",)
 # A v, v and C v are each read twice (-0.85 GB a step for SAS-P at the paper's shape on an
 # H200; experiments/results/compiled/optimisation_log.md, third pass).
 HELD_COMBINE_PLATFORMS = ("tpu", "gpu")
+
+# The shaping terms the combine kernels compute, by their gains' keywords: alpha I and gamma C.
+KERNEL_TERMS = ("skip_gain", "centre_gain")
 
 _fast_shape_attention_matrix = grad_rules.fast_gain_gradients(attention.shape_attention_matrix)
 
@@ -77,15 +81,26 @@ def takes_combine_kernels(plan: Plan, v_shape, *, centred: bool, simple_causal: 
   return combine_kernel.supported(v, min_programs=combine_kernel.MIN_PROGRAMS if on_gpu else 1)
 
 
-def shaped_attention(plan: Plan, q, k, v, *, resid_gain, skip_gain, centre_gain, causal: bool,
-                     key_mask=None, segment_ids=None, query_offset=0, impl="explicit",
-                     logit_soft_cap=None, return_probs: bool = False, out_gain=None,
-                     addend=None, return_sum_squares: bool = False):
-  """`attention.shaped_attention` under `plan` (arguments and result as there). `out_gain`:
-  the result times it. `addend` [B, Q, H, d]: added to the result (a parallel block's sum),
-  by the combine kernels before their one rounding where they apply. `return_sum_squares`
-  (not with `return_probs`): also `sum_squares(result)` [B, Q], for the RMS norm that reads
-  the result next; the GPU's combine kernels write it with the result."""
+def kernels_take_terms(term_gains) -> bool:
+  """Whether the combine kernels compute every shaping term of `term_gains` (the keywords of
+  `attention.shaping_terms` and `attention.fused_terms`): they fix the terms to alpha I and
+  gamma C (KERNEL_TERMS), gamma present; a term of any other gain takes the XLA form, which
+  computes the reference's terms."""
+  return term_gains.get("centre_gain") is not None and all(
+      gain is None for name, gain in term_gains.items() if name not in KERNEL_TERMS)
+
+
+def shaped_attention(plan: Plan, q, k, v, *, resid_gain, causal: bool, key_mask=None,
+                     segment_ids=None, query_offset=0, impl="explicit", logit_soft_cap=None,
+                     return_probs: bool = False, out_gain=None, addend=None,
+                     return_sum_squares: bool = False, **term_gains):
+  """`attention.shaped_attention` under `plan` (arguments and result as there). `term_gains`:
+  the shaping terms' gains besides beta's (`skip_gain`, `centre_gain`, any term the reference
+  adds), handed to the reference's `shaping_terms` and `fused_terms` unread. `out_gain`: the
+  result times it. `addend` [B, Q, H, d]: added to the result (a parallel block's sum), by
+  the combine kernels before their one rounding where they apply. `return_sum_squares` (not
+  with `return_probs`): also `sum_squares(result)` [B, Q], for the RMS norm that reads the
+  result next; the GPU's combine kernels write it with the result."""
   if return_sum_squares and return_probs:
     raise ValueError("return_sum_squares and return_probs cannot both be set.")
   if impl == "fused" and (return_probs or logit_soft_cap is not None):
@@ -94,14 +109,14 @@ def shaped_attention(plan: Plan, q, k, v, *, resid_gain, skip_gain, centre_gain,
   Tq, Tk = q.shape[1], k.shape[1]
   where = dict(causal=causal, key_mask=key_mask, segment_ids=segment_ids)
   if impl == "explicit":
-    out = _explicit(plan, q, k, v, resid_gain, skip_gain, centre_gain, query_offset, where,
-                    logit_soft_cap)
+    out = _explicit(plan, q, k, v, resid_gain, term_gains, query_offset, where, logit_soft_cap)
   else:
     mask, is_causal = attention.fused_mask(Tq, Tk, query_offset=query_offset, **where)
-    if takes_combine_kernels(plan, v.shape, centred=centre_gain is not None,
-                             simple_causal=is_causal):
-      out = _combined_by_kernels(plan, q, k, v, resid_gain, skip_gain, centre_gain, out_gain,
-                                 addend, return_sum_squares)
+    if kernels_take_terms(term_gains) and takes_combine_kernels(
+        plan, v.shape, centred=True, simple_causal=is_causal):
+      out = _combined_by_kernels(plan, q, k, v, resid_gain, term_gains.get("skip_gain"),
+                                 term_gains["centre_gain"], out_gain, addend,
+                                 return_sum_squares)
       if return_sum_squares and not isinstance(out, tuple):
         return out, sum_squares(out)
       return out
@@ -110,8 +125,7 @@ def shaped_attention(plan: Plan, q, k, v, *, resid_gain, skip_gain, centre_gain,
         interpret=plan.interpret)
     by_chunks = plan.platform in TPU_LAYOUT_PLATFORMS
     terms = attention.fused_terms(
-        v, skip_gain=skip_gain, centre_gain=centre_gain, num_queries=Tq,
-        query_offset=query_offset, **where,
+        v, **term_gains, num_queries=Tq, query_offset=query_offset, **where,
         prefix_sums=functools.partial(causal_prefix_sums, by_chunks=by_chunks))
     out = (combine_fused_terms(plan, attended_BQHd, resid_gain, terms), None)
   out_BQHd, probs_BHQK = out
@@ -121,15 +135,14 @@ def shaped_attention(plan: Plan, q, k, v, *, resid_gain, skip_gain, centre_gain,
   return (out_BQHd, probs_BHQK) if return_probs else out_BQHd
 
 
-def _explicit(plan, q, k, v, resid_gain, skip_gain, centre_gain, query_offset, where,
-              logit_soft_cap):
+def _explicit(plan, q, k, v, resid_gain, term_gains, query_offset, where, logit_soft_cap):
   """(A' v, A): the reference's explicit form, the gain gradients by the `gains` rule."""
   Tq, Tk, H = q.shape[1], k.shape[1], q.shape[2]
   mask = masks.attention_mask(Tq, Tk, query_offset=query_offset, **where)
   logits_BHQK = jnp.where(mask, attention.attention_logits(q, k, logit_soft_cap=logit_soft_cap),
                           jnp.finfo(jnp.float32).min)
   terms = attention.shaping_terms(mask, num_queries=Tq, num_keys=Tk, query_offset=query_offset,
-                                  skip_gain=skip_gain, centre_gain=centre_gain, num_heads=H)
+                                  **term_gains, num_heads=H)
   shape = (_fast_shape_attention_matrix if plan.applies("gains")
            else attention.shape_attention_matrix)
   resid_H = jnp.broadcast_to(jnp.asarray(resid_gain, jnp.float32).reshape(-1), (H,))

@@ -64,8 +64,9 @@ class AttentionSubBlock(nn.Module):
       q_BTHd = layers.RMSNorm(m.norm_eps, self.dtype, name="q_norm")(q_BTHd)
       k_BTHd = layers.RMSNorm(m.norm_eps, self.dtype, name="k_norm")(k_BTHd)
 
-    resid_H, skip_H, centre_H = block.attention_gains(self, m)
-    attn_args = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
+    # The reference's gains, passed on unread: a shaping term new to them reaches the
+    # reference's terms (fast_attention.shaped_attention) with no change here.
+    attn_args = dict(block.attention_gains(self, m),
                      logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
     if cache_index is not None:
       out_BTHd = kv_cache.attend(self, q_BTHd, k_BTHd, v_BTHd, attn_args, impl,
@@ -121,6 +122,9 @@ class Block(nn.Module):
     attn_resid = block_gain("attn_block_resid_gain", "attn")
     mlp_resid = block_gain("mlp_block_resid_gain", "mlp")
     B, T, D = x_BTD.shape
+    # Whether the sub-block's attention runs as the combine kernels, for the speed choices
+    # below. A shaping term they lack keeps the sub-block on the XLA form however this reads
+    # (fast_attention.kernels_take_terms); each choice has an XLA form of the same values.
     combine_kernels = attn.impl() == "fused" and fast_attention.takes_combine_kernels(
         plan, (B, T, m.n_head, D // m.n_head), centred=m.centre_attn,
         simple_causal=self.causal and key_mask is None and segment_ids is None)

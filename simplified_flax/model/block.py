@@ -28,17 +28,21 @@ def qk_kernel_init(m):
   return init
 
 
-def attention_gains(module: nn.Module, m):
-  """The per-head gains [H] of Eq. (4): (beta, alpha, gamma); alpha and gamma None without
-  `centre_attn` (those terms are then absent)."""
+def attention_gains(module: nn.Module, m) -> Dict[str, Any]:
+  """The per-head gains [H] of Eq. (4), by their keywords of `attention.shaped_attention`:
+  `resid_gain` (beta), and `skip_gain` (alpha) and `centre_gain` (gamma), None without
+  `centre_attn` (those terms are then absent). Every attention sub-block, the fast one too,
+  passes them on as they are: a new shaping term is one more entry here (None where absent)."""
   H, trainable = m.n_head, m.trainable_attn_mat_gains
-  resid_H = layers.gain(module, "attn_mat_resid_gain", m.attn_mat_resid_gain, trainable, (H,))
-  if not m.centre_attn:
-    return resid_H, None, None
-  skip_H = layers.gain(module, "attn_mat_skip_gain", m.attn_mat_skip_gain, trainable, (H,))
-  centre_H = layers.gain(module, "centre_attn_gain", m.centre_attn_gain,
-                         trainable and m.centre_attn_gain != 0, (H,))
-  return resid_H, skip_H, centre_H
+  gains = {"resid_gain": layers.gain(module, "attn_mat_resid_gain", m.attn_mat_resid_gain,
+                                     trainable, (H,)),
+           "skip_gain": None, "centre_gain": None}
+  if m.centre_attn:
+    gains["skip_gain"] = layers.gain(module, "attn_mat_skip_gain", m.attn_mat_skip_gain,
+                                     trainable, (H,))
+    gains["centre_gain"] = layers.gain(module, "centre_attn_gain", m.centre_attn_gain,
+                                       trainable and m.centre_attn_gain != 0, (H,))
+  return gains
 
 
 def output_gate(x_BTD, out_BTHd, dtype) -> jax.Array:
@@ -80,8 +84,7 @@ class AttentionSubBlock(nn.Module):
     q_BTHd, k_BTHd = rope.rotate_qk(m, q_BTHd, k_BTHd, cache_index=cache_index,
                                     segment_ids=segment_ids)
 
-    resid_H, skip_H, centre_H = attention_gains(self, m)
-    attn_args = dict(resid_gain=resid_H, skip_gain=skip_H, centre_gain=centre_H,
+    attn_args = dict(attention_gains(self, m),
                      logit_soft_cap=30.0 if m.dot_norm_type == "tanh" else None)
     # "auto" is the explicit form here; the speed package picks a platform's fastest exact form.
     impl = "explicit" if m.attention_impl == "auto" else m.attention_impl
