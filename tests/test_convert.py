@@ -143,7 +143,10 @@ def _param_shapes(m):
 # The decoder config files the authors' code cannot express, and the field each is refused on
 # (authors/expressible.py). Every other decoder config file must convert: a field new to the
 # authors' table refuses every run, and fails here.
-REFUSED = {"preln_dyt": "norm_type", "sas_p_dyt": "norm_type", "preln_derf": "norm_type",
+# The first field (in the config's order) the authors' code lacks: DyT's and Derf's recipe
+# scales the embedding, which their code never does.
+REFUSED = {"preln_dyt": "embedding_scale", "sas_p_dyt": "embedding_scale",
+           "preln_derf": "embedding_scale",
            "peri_ln": "norm_position", "preln_gated": "attn_output_gate",
            "sas_p_gated": "attn_output_gate", "ngpt": "ngpt", "completep": "depth_mup_alpha"}
 
@@ -348,5 +351,6 @@ def test_fields_their_code_lacks_convert_where_unread_and_are_refused_where_read
   assert expressible.refusal(m | {"scan_layers": True, "grad_rules": "off"}) is None
   line = expressible.refusal(m | {"norm_type": "dyt", "alpha_init_attn_norm": 0.2})
   assert line.startswith("model.norm_type='dyt': the authors' code has only"), line
+  # The line names the field that selects what their code lacks, not the one it makes read.
   line = expressible.refusal({"rope_theta": 500.0, "position_embedding": "rope"})
-  assert line.startswith("model.rope_theta=500.0: read with model.position_embedding 'rope'")
+  assert line.startswith("model.position_embedding='rope': the authors' code has only"), line

@@ -212,7 +212,7 @@ def test_the_speed_package_leaves_each_followup_to_the_reference(name):
 
 
 @pytest.mark.parametrize("name,match", [
-    ("preln_derf", "model.norm_type='derf'"), ("peri_ln", "model.norm_position='peri'"),
+    ("preln_derf", "model.embedding_scale='learned'"), ("peri_ln", "model.norm_position='peri'"),
     ("preln_gated", "model.attn_output_gate=True"), ("sas_p_gated", "attn_output_gate=True")])
 def test_the_authors_format_refuses_each_followup_in_one_line(name, match):
   with pytest.raises(config_map.ConversionError, match=match) as error:

@@ -97,6 +97,8 @@ UNREAD_UNLESS = {
     "alpha_init_final_norm": (_DYNAMIC_NORMS, "model.norm_type 'dyt' or 'derf'"),
     "rope_theta": (lambda m: m.get("position_embedding") == "rope",
                    "model.position_embedding 'rope'"),
+    "embedding_scale_init": (lambda m: m.get("embedding_scale") == "learned",
+                             "model.embedding_scale 'learned'"),
 }
 _CANNOT = "this run cannot be written as theirs (its checkpoint stays readable here)"
 
@@ -110,15 +112,11 @@ def unclassified(model_config) -> list[str]:
 def refusal(model_config) -> Optional[str]:
   """One line naming the first field (in the config's order) that the authors' code cannot
   express, with its value, or that is in none of the tables; None where every field is
-  theirs. `model_config`: `config.model`, or the dict a saved config holds."""
+  theirs. A field of `UNREAD_UNLESS` is named only after every other field passed, so that the
+  line names the field that selects what their code lacks (`norm_type='derf'`, not its alpha).
+  `model_config`: `config.model`, or the dict a saved config holds."""
   for field, value in model_config.items():
-    if field in NOT_WRITTEN:
-      continue
-    if field in UNREAD_UNLESS:
-      read, selector = UNREAD_UNLESS[field]
-      if read(model_config):
-        return (f"model.{field}={value!r}: read with {selector}, which the authors' code "
-                f"lacks; {_CANNOT}.")
+    if field in NOT_WRITTEN or field in UNREAD_UNLESS:
       continue
     check = EXPRESSIBLE.get(field)
     if check is None:
@@ -128,4 +126,10 @@ def refusal(model_config) -> Optional[str]:
     if not check(value):
       has = getattr(check, "has", None) or f"only {check.description} for {field}"
       return f"model.{field}={value!r}: the authors' code has {has}; {_CANNOT}."
+  for field, value in model_config.items():
+    if field in UNREAD_UNLESS:
+      read, selector = UNREAD_UNLESS[field]
+      if read(model_config):
+        return (f"model.{field}={value!r}: read with {selector}, which the authors' code "
+                f"lacks; {_CANNOT}.")
   return None
