@@ -26,10 +26,10 @@ instead; that baseline is not run here.
 
 Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
     python -m simplified_flax.train --config=completep:cpu --workdir=/tmp/completep
-Measured (2026-12-07, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
-3 seeds, each variant at its best of learning rates 1e-3/2e-3/4e-3): eval loss 2.274 ± 0.025
-at 2e-3 with L_base=1 (branches x 1/4) against Pre-LN's 2.341 ± 0.009: -0.067
-[-0.107, -0.026], lower.
+Measured (2026-12-08, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
+3 seeds, each variant at its own best learning rate, bracketed by the sweep): eval loss 2.276 ±
+0.021 at 2e-3 with L_base=1 (branches x 1/4) against Pre-LN's 2.341 ± 0.010 at 1e-3: -0.064
+[-0.091, -0.038], lower.
 Paper shape (L=18) on an accelerator host:
     python -m simplified_flax.train --config=configs/completep.py --workdir=/tmp/completep
 

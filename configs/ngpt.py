@@ -8,7 +8,7 @@ sphere, and there are no norm layers (model/ngpt.py; docs/model.md, "nGPT"). Eac
     h <- Norm(h + alpha_A * (Norm(Attn(h)) - h));   h <- Norm(h + alpha_M * (Norm(MLP(h)) - h))
 with q, k normalised per head and scaled by s_qk, softmax scale sqrt(d_k) (Eqs. (15)-(16)); a
 SwiGLU MLP with u times s_u and v times s_v * sqrt(D) (Eqs. (20)-(21)); logits
-z = s_z * (h E^T) (Eq. (3)); the first hidden state Norm(E[token] + P[position]).
+z = s_z * (h E_out^T) (Eq. (3)); the first hidden state E[token].
 Init: every matrix and table N(0, 1) normalised along the embedding dimension; alpha_A,
 alpha_M [D] at 0.05 (stored at scale 1/sqrt(D)), s_qk [D] at 1 (scale 1/sqrt(D)), s_u, s_v [F]
 at 1 (scale 1), s_z [V] at 1 (scale 1/sqrt(D)). After every optimiser step each matrix and
@@ -22,17 +22,22 @@ the learning rate, a relative step of lr * sqrt(D), and 3e-3 at D=256 is 15e-4's
 
 Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
     python -m simplified_flax.train --config=ngpt:cpu --workdir=/tmp/ngpt
-Measured (2026-12-07, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
-3 seeds, each variant at its best of learning rates 1e-3/2e-3/4e-3): eval loss 2.505 ± 0.005
-at 4e-3 (the grid's edge) against Pre-LN's 2.341 ± 0.009: +0.165 [+0.146, +0.183], higher.
+Measured (2026-12-08, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
+3 seeds, each variant at its own best learning rate, bracketed by the sweep): eval loss 2.058 ±
+0.015 at 8e-3 (rates 1e-3 to 1.6e-2 tried; 2.061 at 1.6e-2) against Pre-LN's 2.341 ± 0.010 at
+1e-3: -0.282 [-0.329, -0.235], lower, with 1.12M parameters against Pre-LN's 0.95M (the SwiGLU's
+third matrix). The comparison before the authors' rotary positions, untied head and a bracketed
+grid read +0.165, higher (2.505 at 4e-3, the grid's edge then).
 Paper shape on an accelerator host:
     python -m simplified_flax.train --config=configs/ngpt.py --workdir=/tmp/ngpt
 
-Not as in the paper: learned absolute positions (unit-norm rows, added to the token's row
-before the first Norm) in place of RoPE, and the head tied to the token embedding. The speed
-package has not verified `model.ngpt`: the run builds the reference model and logs one line
-saying so (docs/fast.md). The loss reads the full logits (s_z scales each), not the chunked
-head.
+As the authors' code (NVIDIA/ngpt, model.py): rotary positions (`position_embedding="rope"`,
+q and k rotated before their normalisation; no position table) and a head of its own
+(`tie_head=False`). Not as their code: their rotation function is not a rotation (it computes
+(-x_odd cos, x_even sin) per pair); this code rotates as RoFormer does (model/rope.py). The
+speed package has not verified `model.ngpt`: the run builds the reference model and logs one
+line saying so (docs/fast.md). The loss reads the full logits (s_z scales each), not the
+chunked head.
 """
 from . import preln
 

@@ -7,9 +7,9 @@ docs/beyond_the_paper.md, "Peri-LN").
 
 Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
     python -m simplified_flax.train --config=peri_ln:cpu --workdir=/tmp/peri_ln
-Measured (2026-12-07, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
-3 seeds, each variant at its best of learning rates 1e-3/2e-3/4e-3): eval loss 2.352 ± 0.018
-at 2e-3 against Pre-LN's 2.341 ± 0.009 at 1e-3: +0.011 [-0.031, +0.053], not separated.
+Measured (2026-12-08, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
+3 seeds, each variant at its own best learning rate, bracketed by the sweep): eval loss 2.352 ±
+0.018 at 2e-3 against Pre-LN's 2.341 ± 0.010 at 1e-3: +0.011 [-0.029, +0.051], not separated.
 Paper shape on an accelerator host:
     python -m simplified_flax.train --config=configs/peri_ln.py --workdir=/tmp/peri_ln
 

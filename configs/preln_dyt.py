@@ -1,19 +1,26 @@
 """Pre-LN with Dynamic Tanh in place of every norm (DyT: Zhu, Chen, He, LeCun, Liu, "Transformers
 without Normalization", CVPR 2025): each RMSNorm of the block, and the final LayerNorm, becomes
-`gamma * tanh(alpha * x) + beta` (their Eq. (1)), alpha a learnable scalar from 0.5, gamma ones,
-beta zeros (docs/model.md, "Norms"; docs/adding_a_variant.md walks through this change).
+`gamma * tanh(alpha * x) + beta` (their Eq. (1)), alpha a learnable scalar, gamma ones, beta
+zeros (docs/model.md, "Norms"; docs/adding_a_variant.md walks through this change), trained as
+the authors train a language model: a learnable scalar from sqrt(D) times the embedding and
+alpha_0 per norm (`use_authors_lm_recipe` below; both fields cite the code they come from).
 
 Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
     python -m simplified_flax.train --config=preln_dyt:cpu --workdir=/tmp/preln_dyt
-Measured (2026-12-07, 2 idle cores; docs/adding_a_variant.md, "Measured"): eval loss 3.310
-after 1,000 steps (perplexity 27.4, the unigram plateau it never leaves), against Pre-LN's
-1.481 and SAS-P's 1.778; about 2,650 tokens/s against Pre-LN's 4,000-4,300 on the fast path.
-alpha_0 = 0.5 is the paper's default; its LLaMA code sets alpha_0 per norm and by width.
+At the follow-ups comparison's shape:
+    python -m simplified_flax.train --config=preln_dyt:cpu --workdir=/tmp/preln_dyt_small --config.model.n_layer=4 --config.model.n_embd=128 --config.model.n_head=4 --config.model.context_length=64 --config.batch_size=16 --config.num_train_steps=300 --config.eval_every_steps=100 --config.eval_steps=8 --config.optimizer.learning_rate=1e-3
+Measured (2026-12-08, experiments/results/cpu/followups, 3 seeds): eval loss 3.078 ± 0.092 at
+1e-3, its best of 5e-4 to 4e-3 (the data's unigram loss is 3.338), against Pre-LN's 2.341 ±
+0.010: +0.737 [+0.492, +0.982], higher. It learns only at low rates: at 2e-3 two of three seeds,
+at 4e-3 every seed stays at the unigram plateau. Without the embedding scalar it stays there at
+every rate (3.339 at 1e-3, alpha_0 1.0); alpha_0 0.5 with the scalar gives 3.059 (seed 0). The
+`cpu` run (1,000 steps, L=6, D=256) measured 3.310, the plateau, before the recipe
+(docs/adding_a_variant.md, "Measured"), and has not been rerun with it.
 Paper shape on an accelerator host:
     python -m simplified_flax.train --config=configs/preln_dyt.py --workdir=/tmp/preln_dyt
 
-The speed package has not verified `norm_type="dyt"`: the run builds the reference model and
-logs one line saying so (docs/fast.md).
+The speed package has not verified `norm_type="dyt"` or the embedding scalar: the run builds
+the reference model and logs one line saying so (docs/fast.md).
 """
 from . import preln
 

@@ -10,9 +10,9 @@ docs/beyond_the_paper.md, "Gated attention").
 
 Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
     python -m simplified_flax.train --config=preln_gated:cpu --workdir=/tmp/preln_gated
-Measured (2026-12-07, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
-3 seeds, each variant at its best of learning rates 1e-3/2e-3/4e-3): eval loss 2.256 ± 0.017
-at 2e-3 against Pre-LN's 2.341 ± 0.009 at 1e-3: -0.085 [-0.111, -0.059], lower.
+Measured (2026-12-08, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
+3 seeds, each variant at its own best learning rate, bracketed by the sweep): eval loss 2.255 ±
+0.018 at 2e-3 against Pre-LN's 2.341 ± 0.010 at 1e-3: -0.086 [-0.110, -0.062], lower.
 Paper shape on an accelerator host:
     python -m simplified_flax.train --config=configs/preln_gated.py --workdir=/tmp/preln_gated
 

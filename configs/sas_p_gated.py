@@ -9,12 +9,12 @@ attention"; docs/beyond_the_paper.md, "Gated attention").
 
 Train (CPU-sized, the `cpu` switch: 1,000 steps of 16 x 128 tokens at L=6, D=256):
     python -m simplified_flax.train --config=sas_p_gated:cpu --workdir=/tmp/sas_p_gated
-Measured (2026-12-07, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
-3 seeds, each variant at its best of learning rates 1e-3/2e-3/4e-3): eval loss 2.317 ± 0.023
-at 4e-3 (the grid's edge) against Pre-LN's 2.341 ± 0.009: -0.024 [-0.073, +0.026], not
-separated; SAS-P without the gate 2.380 ± 0.010. With 150 steps it is below Pre-LN, by 0.112
-[0.078, 0.145] at L=2, D=64 (followups_small) and 0.113 [0.074, 0.152] at L=4, D=128
-(followups_half_steps): the verdict depends on the scale.
+Measured (2026-12-08, experiments/results/cpu/followups: L=4, D=128, T=64, batch 16, 300 steps,
+3 seeds, each variant at its own best learning rate, bracketed by the sweep): eval loss 2.309 ±
+0.016 at 8e-3 (1.6e-2: 2.501) against Pre-LN's 2.341 ± 0.010 at 1e-3: -0.032 [-0.086, +0.023],
+not separated; SAS-P without the gate 2.380 ± 0.010 at 4e-3. With 150 steps (2026-12-07, before
+the sweep bracketed its bests) it read below Pre-LN at L=2, D=64 (followups_small) and at L=4,
+D=128 (followups_half_steps).
 Paper shape on an accelerator host:
     python -m simplified_flax.train --config=configs/sas_p_gated.py --workdir=/tmp/sas_p_gated
 

@@ -1,5 +1,5 @@
 """Each follow-up's own headline claim, checked on the runs of the follow-ups comparison where
-this budget can check it (docs/beyond_the_paper.md, "The follow-ups' own claims").
+this budget can check it (docs/beyond_the_paper.md, "The comparison at the CPU scale").
 
     python experiments/followup_claims.py --report=experiments/results/cpu/followups
 

@@ -85,11 +85,14 @@ def markdown(collected, groups, tables, *, reference, best_of, command, plots,
       ("quantized_loss_increase", f"{quantize} loss increase"))
            if any(r[key] is not None for r in rows)]
   lines += ["## Final eval loss per grid point", ""]
+  explained = {"peak_kurtosis": "Peak kurtosis: the largest activation kurtosis of any layer "
+                "over training (the diagnostics every `diagnostics_every` steps), mean over "
+                "seeds.",
+                "quantized_loss_increase": f"{quantize} loss increase: the final checkpoint's "
+                "eval loss with int8 fake-quantised linear layers minus its full-precision one, "
+                "mean over seeds."}
   if extra:
-    lines += ["Peak kurtosis: the largest activation kurtosis of any layer over training (the "
-              "diagnostics every `diagnostics_every` steps), mean over seeds. "
-              f"{quantize or ''} loss increase: the final checkpoint's eval loss with int8 "
-              "fake-quantised linear layers minus its full-precision one, mean over seeds.", ""]
+    lines += [" ".join(explained[key] for key, _ in extra), ""]
   lines += _table(["variant", "grid point", "final eval loss (mean ± sd)", "learned", "params",
                    "tokens/s", "train time"] + [title for _, title in extra],
                   [[f"`{r['variant']}`", _point_text(r["point"]),
