@@ -11,38 +11,15 @@ model only where another field selects it, and their code has no such setting). 
 field is refused whatever its value, so that a field added to configs/base.py is never
 dropped from a converted run unnoticed: it converts once it is classified here.
 """
-import math
-from typing import Any, Callable, Optional
+from typing import Optional
+
+from simplified_flax import field_checks
 
 
-def _one_of(*values, has: Optional[str] = None) -> Callable[[Any], bool]:
-  """A check that the value is one of `values`; `has`: what their code has, in words."""
-  check = lambda v: v in values and type(v) in {type(x) for x in values}
-  check.description = " or ".join(map(repr, values))
-  check.values, check.has = values, has
-  return check
-
-
-def _number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _number_or_none(v) -> bool:
-  return v is None or _number(v)
-
-
-def _positive_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
-def _rate(v) -> bool:
-  return _number(v) and 0 <= v < 1
-
-
-_number.description = "a finite number"
-_number_or_none.description = "None or a finite number"
-_positive_int.description = "a positive integer"
-_rate.description = "a number in [0, 1)"
+_one_of, _number, _number_or_none = (field_checks.one_of, field_checks.number,
+                                     field_checks.number_or_none)
+_positive_int = field_checks.positive_int
+_rate = field_checks.rate
 _BOOL = _one_of(False, True)
 
 # Every model field their config.json or state dict carries, with the values their code has

@@ -12,38 +12,20 @@ that names it. A new variant may run slower; it never runs wrong.
 """
 import dataclasses
 import functools
-import math
-from typing import Any, Callable, Optional
+from typing import Optional
 
 from absl import logging
 
+from simplified_flax import field_checks
 from simplified_flax.fast import attention_kernels
 from simplified_flax.fast import grad_rules
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 
 
-def _one_of(*values) -> Callable[[Any], bool]:
-  check = lambda v: v in values and type(v) in {type(x) for x in values}
-  check.description = " or ".join(map(repr, values))
-  return check
-
-
-def _number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _number_or_none(v) -> bool:
-  return v is None or _number(v)
-
-
-def _positive_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
-_number.description = "a finite number"
-_number_or_none.description = "None or a finite number"
-_positive_int.description = "a positive integer"
+_one_of, _number, _number_or_none = (field_checks.one_of, field_checks.number,
+                                     field_checks.number_or_none)
+_positive_int = field_checks.positive_int
 _BOOL = _one_of(False, True)
 
 # Every model field that can change what a block computes, with the values the speed paths
