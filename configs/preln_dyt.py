@@ -14,8 +14,10 @@ Measured (2026-12-08, experiments/results/cpu/followups, 3 seeds): eval loss 3.0
 0.010: +0.737 [+0.492, +0.982], higher. It learns only at low rates: at 2e-3 two of three seeds,
 at 4e-3 every seed stays at the unigram plateau. Without the embedding scalar it stays there at
 every rate (3.339 at 1e-3, alpha_0 1.0); alpha_0 0.5 with the scalar gives 3.059 (seed 0). The
-`cpu` run (1,000 steps, L=6, D=256) measured 3.310, the plateau, before the recipe
-(docs/adding_a_variant.md, "Measured"), and has not been rerun with it.
+`cpu` run above (1,000 steps, L=6, D=256, lr 1e-3; 2026-12-08, on 2 cores shared with a test
+run, about 2,200-3,400 tokens/s): eval loss 1.847 at step 1,000, against Pre-LN's 1.481 and
+SAS-P's 1.778 (docs/adding_a_variant.md, "Measured"); without the recipe it stayed at the
+plateau, 3.310.
 Paper shape on an accelerator host:
     python -m simplified_flax.train --config=configs/preln_dyt.py --workdir=/tmp/preln_dyt
 
