@@ -62,83 +62,14 @@ def _unigram_text(unigrams) -> str:
 def markdown(collected, groups, tables, *, reference, best_of, command, plots,
              quantize=None, unigrams=(), extend: int = 0) -> str:
   """report.md's text; `tables` is comparison.tables(groups, reference, best_of)."""
-  total = len(collected)
-  finished = [c for c in collected if c.summary]
   failed = [c for c in collected if c.error]
   missing = [c for c in collected if not c.summary and not c.error]
-  variants = list(dict.fromkeys(c.run.variant for c in collected))
-  seeds = sorted({c.run.seed for c in collected})
-  points = {point for _, point in groups}
-  lines = [f"# Sweep: {', '.join(variants)} × {len(points)} grid point(s)"
-           + (" (with the extensions)" if extend else "") + f" × {len(seeds)} seed(s)", "",
-           f"Command: `{command}`", "",
-           f"{len(finished)} of {total} runs finished"
-           + (f", {len(failed)} failed" if failed else "")
-           + (f", {len(missing)} not run yet" if missing else "") + ". Final eval loss: each "
-           "run's last evaluation (the same validation batches for every run). Tokens/s: the "
-           "median logged training throughput, the first interval (compilation) left out.", "",
-           _unigram_text(unigrams), ""]
-  rows = tables["points"]
-  # The outlier-feature columns (the OP paper's), where the runs measured them.
-  extra = [(key, title) for key, title in (
-      ("peak_kurtosis", "peak kurtosis"),
-      ("quantized_loss_increase", f"{quantize} loss increase"))
-           if any(r[key] is not None for r in rows)]
-  lines += ["## Final eval loss per grid point", ""]
-  explained = {"peak_kurtosis": "Peak kurtosis: the largest activation kurtosis of any layer "
-                "over training (the diagnostics every `diagnostics_every` steps), mean over "
-                "seeds.",
-                "quantized_loss_increase": f"{quantize} loss increase: the final checkpoint's "
-                "eval loss with int8 fake-quantised linear layers minus its full-precision one, "
-                "mean over seeds."}
-  if extra:
-    lines += [" ".join(explained[key] for key, _ in extra), ""]
-  lines += _table(["variant", "grid point", "final eval loss (mean ± sd)", "learned", "params",
-                   "tokens/s", "train time"] + [title for _, title in extra],
-                  [[f"`{r['variant']}`", _point_text(r["point"]),
-                    _mean_sd(list(r["final_eval_losses"].values())) if r["finished"] else "-",
-                    f"{r['learned']} of {r['finished'] + r['failed']}"
-                    if r["finished"] + r["failed"] else "-",
-                    f"{r['params']:,}" if r["params"] else "-",
-                    f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-",
-                    f"{r['train_s']:.0f} s" if r["train_s"] else "-"]
-                   + [_fmt(r[key], 3) if key == "peak_kurtosis"
-                      else "-" if r[key] is None else f"{r[key]:+.1e}" for key, _ in extra]
-                   for r in rows]) + [""]
-  paired = tables["paired"]
-  if paired:
-    lines += [f"## Against `{reference}`, paired by seed", "",
-              f"Variant minus `{reference}` in final eval loss at the same grid point: the mean "
-              "of the per-seed differences and its 95% t-interval. Negative: lower loss than "
-              f"`{reference}`.", ""]
-    lines += _table(["variant", "grid point", "seeds", "mean difference", "95% interval",
-                     "verdict"],
-                    [[f"`{r['variant']}`", _point_text(r["point"]), r["n"],
-                      _fmt(r["mean_difference"], sign=True), _interval_text(r),
-                      r["verdict"] or "-"] for r in paired]) + [""]
+  lines = _header(collected, groups, command, unigrams, extend, failed, missing)
+  lines += _points_section(tables["points"], quantize)
+  if tables["paired"]:
+    lines += _paired_section(tables["paired"], reference)
   if best_of:
-    best = tables["best_of_rows"]
-    lines += [f"## Each variant at its own best `{best_of}`", "",
-              f"The value of `{best_of}` with the lowest mean final eval loss over seeds among "
-              "the values where every seed learned, and the difference to "
-              f"`{reference}` at its own best, paired by seed. \"unbracketed\": a best value "
-              "that is the smallest or largest value the variant's runs tried (of either "
-              "side), so a value beyond it may be better still: no higher or lower is read "
-              "from it." + (f" The sweep added up to {extend} value(s) beyond an edge best, one "
-                            "grid step at a time, before reporting (\"tried\" lists them)."
-                            if extend else ""), ""]
-    lines += _table(["variant", "other grid fields", f"best {best_of}", "tried",
-                     "final eval loss", f"minus `{reference}`", "95% interval", "verdict"],
-                    [[f"`{r['variant']}`", _point_text(r["point"]),
-                      (plan.format_value(r["best"]) + (" (edge)" if r["best_at_grid_edge"]
-                                                       else ""))
-                      if r["best"] is not None else "none learned",
-                      ", ".join(plan.format_value(v) for v in r["tried"]),
-                      _fmt(r["final_eval_loss_mean"]),
-                      "-" if r["is_reference"] else _fmt(r["mean_difference"], sign=True),
-                      "-" if r["is_reference"] else _interval_text(r),
-                      ("reference" + (f" ({r['verdict']})" if r["verdict"] else ""))
-                      if r["is_reference"] else r["verdict"] or "-"] for r in best]) + [""]
+    lines += _best_of_section(tables["best_of_rows"], reference, best_of, extend)
   lines += [
       "## Reading the intervals", "",
       "Each seed gives both variants the same data order and initialisation key, so the "
@@ -153,6 +84,91 @@ def markdown(collected, groups, tables, *, reference, best_of, command, plots,
               + ". Rerun the sweep command to train them.", ""]
   lines += ["## Curves", ""] + plots
   return "\n".join(lines) + "\n"
+
+
+def _header(collected, groups, command, unigrams, extend, failed, missing) -> list[str]:
+  """The title, the command, what finished, the unigram loss the runs are held to."""
+  finished = [c for c in collected if c.summary]
+  variants = list(dict.fromkeys(c.run.variant for c in collected))
+  seeds = {c.run.seed for c in collected}
+  points = {point for _, point in groups}
+  return [f"# Sweep: {', '.join(variants)} × {len(points)} grid point(s)"
+          + (" (with the extensions)" if extend else "") + f" × {len(seeds)} seed(s)", "",
+          f"Command: `{command}`", "",
+          f"{len(finished)} of {len(collected)} runs finished"
+          + (f", {len(failed)} failed" if failed else "")
+          + (f", {len(missing)} not run yet" if missing else "") + ". Final eval loss: each "
+          "run's last evaluation (the same validation batches for every run). Tokens/s: the "
+          "median logged training throughput, the first interval (compilation) left out.", "",
+          _unigram_text(unigrams), ""]
+
+
+def _points_section(rows, quantize) -> list[str]:
+  """Per variant and grid point: loss over seeds, runs learned, size, speed, and the
+  outlier-feature columns (the OP paper's) where the runs measured them."""
+  extra = [(key, title) for key, title in (
+      ("peak_kurtosis", "peak kurtosis"),
+      ("quantized_loss_increase", f"{quantize} loss increase"))
+           if any(r[key] is not None for r in rows)]
+  explained = {"peak_kurtosis": "Peak kurtosis: the largest activation kurtosis of any layer "
+                "over training (the diagnostics every `diagnostics_every` steps), mean over "
+                "seeds.",
+                "quantized_loss_increase": f"{quantize} loss increase: the final checkpoint's "
+                "eval loss with int8 fake-quantised linear layers minus its full-precision one, "
+                "mean over seeds."}
+  lines = ["## Final eval loss per grid point", ""]
+  if extra:
+    lines += [" ".join(explained[key] for key, _ in extra), ""]
+  return lines + _table(
+      ["variant", "grid point", "final eval loss (mean ± sd)", "learned", "params",
+       "tokens/s", "train time"] + [title for _, title in extra],
+      [[f"`{r['variant']}`", _point_text(r["point"]),
+        _mean_sd(list(r["final_eval_losses"].values())) if r["finished"] else "-",
+        f"{r['learned']} of {r['finished'] + r['failed']}"
+        if r["finished"] + r["failed"] else "-",
+        f"{r['params']:,}" if r["params"] else "-",
+        f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-",
+        f"{r['train_s']:.0f} s" if r["train_s"] else "-"]
+       + [_fmt(r[key], 3) if key == "peak_kurtosis"
+          else "-" if r[key] is None else f"{r[key]:+.1e}" for key, _ in extra]
+       for r in rows]) + [""]
+
+
+def _paired_section(paired, reference) -> list[str]:
+  return [f"## Against `{reference}`, paired by seed", "",
+          f"Variant minus `{reference}` in final eval loss at the same grid point: the mean "
+          "of the per-seed differences and its 95% t-interval. Negative: lower loss than "
+          f"`{reference}`.", ""] + _table(
+              ["variant", "grid point", "seeds", "mean difference", "95% interval", "verdict"],
+              [[f"`{r['variant']}`", _point_text(r["point"]), r["n"],
+                _fmt(r["mean_difference"], sign=True), _interval_text(r), r["verdict"] or "-"]
+               for r in paired]) + [""]
+
+
+def _best_text(r) -> str:
+  if r["best"] is None:
+    return "none learned"
+  return plan.format_value(r["best"]) + (" (edge)" if r["best_at_grid_edge"] else "")
+
+
+def _best_of_section(best, reference, best_of, extend) -> list[str]:
+  intro = (f"The value of `{best_of}` with the lowest mean final eval loss over seeds among "
+           "the values where every seed learned, and the difference to "
+           f"`{reference}` at its own best, paired by seed. \"unbracketed\": a best value "
+           "that is the smallest or largest value the variant's runs tried (of either "
+           "side), so a value beyond it may be better still: no higher or lower is read "
+           "from it." + (f" The sweep added up to {extend} value(s) beyond an edge best, one "
+                         "grid step at a time, before reporting (\"tried\" lists them)."
+                         if extend else ""))
+  return [f"## Each variant at its own best `{best_of}`", "", intro, ""] + _table(
+      ["variant", "other grid fields", f"best {best_of}", "tried", "final eval loss",
+       f"minus `{reference}`", "95% interval", "verdict"],
+      [[f"`{r['variant']}`", _point_text(r["point"]), _best_text(r),
+        ", ".join(plan.format_value(v) for v in r["tried"]), _fmt(r["final_eval_loss_mean"]),
+        "-" if r["is_reference"] else _fmt(r["mean_difference"], sign=True),
+        "-" if r["is_reference"] else _interval_text(r),
+        ("reference" + (f" ({r['verdict']})" if r["verdict"] else ""))
+        if r["is_reference"] else r["verdict"] or "-"] for r in best]) + [""]
 
 
 def _band(histories: Sequence[list[dict]], x: str):
