@@ -107,6 +107,9 @@ def validate_model_config(m, require_vocab: bool = True) -> None:
             f"dimension n_embd / n_head = {m.n_embd // m.n_head} is odd: choose an even one.")
     _in_range(m, "rope_theta", 1, low_open=True, prefix="model.",
               meaning=" (the rotary frequencies' base, e.g. 10000)")
+  if m.get("embedding_scale_init") is not None:
+    _in_range(m, "embedding_scale_init", 0, low_open=True, prefix="model.",
+              meaning=" (the embedding scalar's start; unset: sqrt(n_embd))")
   for where in ("attn", "mlp", "final"):
     if f"alpha_init_{where}_norm" in m:   # absent from configs saved before them
       _in_range(m, f"alpha_init_{where}_norm", 0, low_open=True, prefix="model.",

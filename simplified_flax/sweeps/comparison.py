@@ -12,7 +12,6 @@ better still: the sweep extends the grid there first, extension.py).
 """
 import collections
 import dataclasses
-import json
 from typing import Sequence
 
 import ml_collections
@@ -66,8 +65,7 @@ def collect(runs: Sequence[plan.Run], failed: dict[str, str] | None = None,
       quantized = results.quantized_eval(run.workdir, quantize) if quantize else None
       summary["quantized_loss_increase"] = (quantized or {}).get("quantized_loss_increase")
       if baselines is not None:
-        unigram = baselines.of(ml_collections.ConfigDict(json.loads(json.dumps(
-            summary["config"]))))
+        unigram = baselines.of(ml_collections.ConfigDict(summary["config"]))
     out.append(Collected(run, summary, (failed or {}).get(run.name), unigram))
   return out
 
